@@ -1,0 +1,46 @@
+# The README's two commands are `make demo` and `make test`; every other target serves them.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help setup system-deps jars demo test lint typecheck unit integration clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit("Python 3.10+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 10) else None'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[all,dev]'
+	touch $(STAMP)
+
+system-deps: ## Debian packages the tests need (Java 17, headless Chromium); no-op when present
+	@./scripts/system-deps.sh
+
+setup: system-deps $(STAMP) jars ## create the virtualenv, install packages and jars
+
+jars: $(STAMP) ## resolve the Kafka broker and Spark connector jars into ~/.cache/iotfraud
+	$(BIN)/iotfraud stack jars
+
+demo: setup ## set everything up and run the demo
+	$(BIN)/iotfraud demo
+
+lint: $(STAMP) ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP) ## mypy (strict) on the packages
+	$(BIN)/mypy
+
+unit: $(STAMP) ## the fast loop: unit tests only
+	$(BIN)/pytest tests/unit -q
+
+test: setup lint typecheck ## set everything up and run the whole suite
+	$(BIN)/pytest -q
+
+clean: ## stop the local stack and remove local state (keeps the jar cache)
+	-$(BIN)/iotfraud stack down
+	rm -rf .iotfraud .pytest_cache .mypy_cache .ruff_cache

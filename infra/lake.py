@@ -1,0 +1,37 @@
+"""Table names and where each table lives under the lake root (a local path or any Hadoop URI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEVICES = "devices"
+TELEMETRY = "telemetry"
+QUARANTINE = "quarantine"
+FEATURES = "features"
+ALERTS = "alerts"
+ALERT_FEEDBACK = "alert_feedback"
+PIPELINE_METRICS = "pipeline_metrics"
+GROUND_TRUTH = "ground_truth"
+EVALUATION = "evaluation"
+
+TABLES = (
+    DEVICES, TELEMETRY, QUARANTINE, FEATURES, ALERTS,
+    ALERT_FEEDBACK, PIPELINE_METRICS, GROUND_TRUTH, EVALUATION,
+)  # fmt: skip
+
+
+def is_uri(location: str) -> bool:
+    return "://" in location
+
+
+def table_path(lake_root: str, table: str) -> str:
+    """The folder of ``table``: ``<root>/<table>`` for URIs, an absolute path for local folders."""
+    if is_uri(lake_root):
+        return f"{lake_root.rstrip('/')}/{table}"
+    return str((Path(lake_root) / table).resolve())
+
+
+def ensure_lake(lake_root: str) -> None:
+    """Create a local lake folder; object stores need nothing."""
+    if not is_uri(lake_root):
+        Path(lake_root).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,38 @@
+"""The local MLflow store: a SQLite tracking and registry database plus an artifact folder."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def local_tracking_uri(state_dir: Path) -> str:
+    """``sqlite:///<abs path>/mlflow.db`` under the stack's state folder."""
+    db = (state_dir / "mlflow" / "mlflow.db").resolve()
+    return f"sqlite:///{db}"
+
+
+def local_artifact_root(state_dir: Path) -> str:
+    return (state_dir / "mlflow" / "artifacts").resolve().as_uri()
+
+
+def ensure_local_store(state_dir: Path) -> str:
+    """Create the store's folder; return its tracking URI."""
+    (state_dir / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
+    return local_tracking_uri(state_dir)
+
+
+def ensure_experiment(name: str, tracking_uri: str, artifact_root: str | None) -> str:
+    """Return the id of experiment ``name``, creating it with ``artifact_root`` if absent."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    existing = client.get_experiment_by_name(name)
+    if existing is not None:
+        return str(existing.experiment_id)
+    location = f"{artifact_root.rstrip('/')}/{name}" if artifact_root else None
+    experiment_id = client.create_experiment(name, artifact_location=location)
+    log.info("created MLflow experiment %s (%s)", name, location)
+    return str(experiment_id)

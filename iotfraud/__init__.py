@@ -1,0 +1,1 @@
+"""The ``iotfraud`` command: one entry point over every component."""

@@ -1,0 +1,5 @@
+import sys
+
+from iotfraud.cli import main
+
+sys.exit(main())

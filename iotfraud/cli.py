@@ -1,0 +1,47 @@
+"""``iotfraud <subcommand> ...``: dispatches to each component's own ``cli.main``.
+
+Components are imported lazily so that, for example, the dashboard does not pull in Spark.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+
+# subcommand -> (module with main(argv), arguments prepended, one-line help)
+COMMANDS: dict[str, tuple[str, list[str], str]] = {
+    "stack": ("infra.cli", [], "local stack: up | status | down | jars"),
+    "simulate": ("simulator.cli", ["simulate"], "generate telemetry with injected fraud into Kafka"),
+    "replay": ("simulator.cli", ["replay"], "send recorded telemetry (JSON lines or CSV) to Kafka"),
+    "registry": ("simulator.cli", ["registry"], "create or change the device registry"),
+    "pipeline": ("pipeline.cli", [], "the Spark Structured Streaming job"),
+    "train": ("models.cli", ["train"], "train, evaluate and register a model"),
+    "models": ("models.cli", ["models"], "list | promote | rollback registered models"),
+    "eval": ("models.cli", ["eval"], "score the alerts table against ground truth"),
+    "dashboard": ("dashboard.cli", [], "the Streamlit dashboard"),
+    "sql": ("iotfraud.sql", [], "run Spark SQL over the lake's tables"),
+    "demo": ("iotfraud.demo", [], "run the whole demo"),
+    "bench": ("iotfraud.bench", [], "run a benchmark from bench/"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    return "usage: iotfraud <command> [options]\n\ncommands:\n" + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"iotfraud: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module_name, prefix, _ = COMMANDS[command]
+    module = importlib.import_module(module_name)
+    entry: Callable[[list[str]], int] = module.main
+    return entry(prefix + rest)

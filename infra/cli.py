@@ -9,7 +9,7 @@ import sys
 from infra import stack
 from infra.errors import SetupError
 from infra.logs import configure_logging
-from infra.settings import CommonSettings, StackSettings
+from infra.settings import CommonSettings, StackSettings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
-    stack_settings, common = StackSettings(), CommonSettings()
     try:
+        stack_settings = load_settings(StackSettings)
+        common = load_settings(CommonSettings)
         if args.action == "jars":
             stack.resolve_jars(stack_settings)
             print(f"jars cached under {stack_settings.cache_dir / 'jars'}")

@@ -21,3 +21,7 @@ class JarResolutionError(SetupError):
 
 class BrokerStartError(SetupError):
     """The Kafka broker did not come up."""
+
+
+class ConfigError(SetupError):
+    """A setting has a value that cannot work."""

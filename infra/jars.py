@@ -51,7 +51,9 @@ class JarBundle:
     excludes: tuple[tuple[str, str], ...] = field(default=())
 
     def digest(self) -> str:
-        text = "|".join(map(str, self.artifacts)) + "|" + "|".join(":".join(e) for e in self.excludes)
+        text = (
+            "|".join(map(str, self.artifacts)) + "|" + "|".join(":".join(e) for e in self.excludes)
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -99,7 +101,8 @@ def ivy_jar() -> Path:
 def ivy_module_xml(bundle: JarBundle) -> str:
     """An ivy.xml that asks for the runtime closure of the bundle's artifacts."""
     deps = "\n".join(
-        f'    <dependency org="{a.group}" name="{a.name}" rev="{a.version}" conf="default->default"/>'
+        f'    <dependency org="{a.group}" name="{a.name}" rev="{a.version}"'
+        ' conf="default->default"/>'
         for a in bundle.artifacts
     )
     excludes = "\n".join(
@@ -132,7 +135,9 @@ def resolve(bundle: JarBundle, cache_dir: Path) -> list[Path]:
 
     java = check_java()
     target.mkdir(parents=True, exist_ok=True)
-    log.info("resolving %s jars (%s) into %s", bundle.name, ", ".join(map(str, bundle.artifacts)), target)
+    log.info(
+        "resolving %s jars (%s) into %s", bundle.name, ", ".join(map(str, bundle.artifacts)), target
+    )
     with tempfile.TemporaryDirectory() as tmp:
         module_file = Path(tmp) / "ivy.xml"
         module_file.write_text(ivy_module_xml(bundle))
@@ -152,7 +157,8 @@ def resolve(bundle: JarBundle, cache_dir: Path) -> list[Path]:
         ]
         raise JarResolutionError(
             f"Could not resolve the {bundle.name} jars {', '.join(map(str, bundle.artifacts))} "
-            f"from Maven Central.\n  " + "\n  ".join(problems[:10] or result.stdout.splitlines()[-10:])
+            f"from Maven Central.\n  "
+            + "\n  ".join(problems[:10] or result.stdout.splitlines()[-10:])
             + f"\nTo provide them offline, copy the jars of these artifacts and their runtime "
             f"dependencies into {target} and create the empty file {target / COMPLETE_MARKER}."
         )
@@ -172,7 +178,8 @@ def check_pyspark_version() -> None:
 
     if pyspark.__version__ != SPARK_VERSION:
         raise JarResolutionError(
-            f"pyspark {pyspark.__version__} is installed but the connector jars are pinned to Spark "
+            f"pyspark {pyspark.__version__} is installed but the connector jars are pinned to "
+            f"Spark "
             f"{SPARK_VERSION}; install pyspark=={SPARK_VERSION} (pip install -e .[all])."
         )
 

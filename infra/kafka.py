@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import BrokerStartError
-from infra.java import check_java
 from infra.jars import KAFKA_BUNDLE, resolve
+from infra.java import check_java
 from infra.ports import require_free
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def wait_until_ready(
             metadata = admin.list_topics(timeout=1.0)
             if metadata.brokers:
                 return
-        except Exception as exc:  # noqa: BLE001 - KafkaException while the broker boots
+        except Exception as exc:
             log.debug("broker not ready yet: %s", exc)
         if time.monotonic() > deadline:
             tail = broker.log_tail() if broker else ""

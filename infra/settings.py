@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, TypeVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from infra.errors import ConfigError
 
 
 def default_cache_dir() -> Path:
@@ -47,7 +50,7 @@ class StackSettings(BaseSettings):
 
     state_dir: Path = Field(
         default=Path(".iotfraud"),
-        description="Project-local folder for broker data, logs, pids, the lake and the MLflow store",
+        description="Project-local folder: broker data, logs, pids, lake, MLflow store",
     )
     cache_dir: Path = Field(
         default_factory=default_cache_dir, description="Folder for resolved jars (reused offline)"
@@ -58,7 +61,9 @@ class StackSettings(BaseSettings):
         default=9093, ge=1, le=65535, description="Local broker KRaft controller port"
     )
     kafka_heap: str = Field(default="512m", description="Java heap of the local broker")
-    start_timeout_s: float = Field(default=60.0, gt=0, description="How long to wait for the broker")
+    start_timeout_s: float = Field(
+        default=60.0, gt=0, description="How long to wait for the broker"
+    )
 
     @field_validator("kafka_heap")
     @classmethod
@@ -80,9 +85,11 @@ class SparkSettings(BaseSettings):
     driver_memory: str = Field(default="2g", description="spark.driver.memory (local mode)")
     resolve_jars: bool = Field(
         default=True,
-        description="Resolve the Kafka and Delta jars into the cache; false when spark-submit provides them",
+        description="Resolve the Kafka and Delta jars; false when spark-submit provides them",
     )
-    state_store: str = Field(default="default", description="Streaming state store: default or rocksdb")
+    state_store: str = Field(
+        default="default", description="Streaming state store: default or rocksdb"
+    )
     ui_enabled: bool = Field(default=False, description="Start the Spark web UI")
 
     @field_validator("state_store")
@@ -91,3 +98,24 @@ class SparkSettings(BaseSettings):
         if value not in ("default", "rocksdb"):
             raise ValueError(f"state_store must be 'default' or 'rocksdb', got {value!r}")
         return value
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load_settings(cls: type[S], **overrides: Any) -> S:
+    """Build a settings object; a bad value raises ConfigError naming the variable to fix."""
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        problems = []
+        for error in exc.errors():
+            name = str(error["loc"][0]) if error["loc"] else "?"
+            field = cls.model_fields.get(name)
+            alias = field.validation_alias if field is not None else None
+            variable = alias if isinstance(alias, str) else f"{prefix}{name}".upper()
+            problems.append(f"  {variable}: {error['msg']} (got {error.get('input')!r})")
+        raise ConfigError(
+            f"Invalid configuration in {cls.__name__}:\n" + "\n".join(problems)
+        ) from None

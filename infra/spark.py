@@ -16,9 +16,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROCKSDB_PROVIDER = (
-    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-)
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 def default_shuffle_partitions() -> int:

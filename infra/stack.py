@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 
 from infra import lake
-from infra.jars import KAFKA_BUNDLE, SPARK_BUNDLE, bundle_dir, resolve, COMPLETE_MARKER
+from infra.jars import COMPLETE_MARKER, KAFKA_BUNDLE, SPARK_BUNDLE, bundle_dir, resolve
 from infra.kafka import KafkaBroker
 from infra.mlflow_store import ensure_local_store, local_tracking_uri
 from infra.settings import CommonSettings, StackSettings

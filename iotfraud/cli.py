@@ -9,10 +9,16 @@ import importlib
 import sys
 from collections.abc import Callable
 
+from infra.errors import SetupError
+
 # subcommand -> (module with main(argv), arguments prepended, one-line help)
 COMMANDS: dict[str, tuple[str, list[str], str]] = {
     "stack": ("infra.cli", [], "local stack: up | status | down | jars"),
-    "simulate": ("simulator.cli", ["simulate"], "generate telemetry with injected fraud into Kafka"),
+    "simulate": (
+        "simulator.cli",
+        ["simulate"],
+        "generate telemetry with injected fraud into Kafka",
+    ),
     "replay": ("simulator.cli", ["replay"], "send recorded telemetry (JSON lines or CSV) to Kafka"),
     "registry": ("simulator.cli", ["registry"], "create or change the device registry"),
     "pipeline": ("pipeline.cli", [], "the Spark Structured Streaming job"),
@@ -44,4 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     module_name, prefix, _ = COMMANDS[command]
     module = importlib.import_module(module_name)
     entry: Callable[[list[str]], int] = module.main
-    return entry(prefix + rest)
+    try:
+        return entry(prefix + rest)
+    except SetupError as exc:
+        print(f"iotfraud {command}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,244 @@
+"""The data contracts, defined once: telemetry event, Delta tables, scenario and alert names.
+
+Column lists are ``(name, type)`` pairs in Spark SQL type syntax; ``spark_ddl`` and
+``arrow_schema`` turn them into what Spark, the simulator (deltalake) and the dashboard need.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+Columns = tuple[tuple[str, str], ...]
+
+# --- Telemetry event: JSON value on Kafka, key = device_id (UTF-8) -------------------------------
+METRICS = (
+    "temperature_c", "humidity_pct", "voltage_v", "current_a",
+    "power_w", "battery_pct", "signal_dbm",
+)  # fmt: skip
+
+# The event as sent: metrics nested under "metrics"; event_time an ISO-8601 UTC string.
+EVENT_FIELDS: Columns = (
+    ("event_id", "string"),
+    ("device_id", "string"),
+    ("event_time", "string"),
+    ("seq", "long"),
+    ("firmware", "string"),
+    ("lat", "double"),
+    ("lon", "double"),
+    ("metrics", "struct<" + ",".join(f"{m}:double" for m in METRICS) + ">"),
+)
+REQUIRED_FIELDS = ("event_id", "device_id", "event_time", "seq")
+
+# Values outside these closed ranges are impossible and go to quarantine.
+VALID_RANGES: dict[str, tuple[float, float]] = {
+    "lat": (-90.0, 90.0),
+    "lon": (-180.0, 180.0),
+    "seq": (0, 2**62),
+    "temperature_c": (-80.0, 200.0),
+    "humidity_pct": (0.0, 100.0),
+    "voltage_v": (0.0, 1000.0),
+    "current_a": (0.0, 1000.0),
+    "power_w": (0.0, 1_000_000.0),
+    "battery_pct": (0.0, 100.0),
+    "signal_dbm": (-150.0, 0.0),
+}
+MAX_MESSAGE_BYTES = 64 * 1024
+MAX_ID_LENGTH = 128
+
+# Device types and the sensors each has (a missing sensor is sent as null).
+DEVICE_TYPES: dict[str, tuple[str, ...]] = {
+    "smart_meter": ("voltage_v", "current_a", "power_w", "signal_dbm", "temperature_c"),
+    "gps_tracker": ("battery_pct", "signal_dbm", "temperature_c"),
+    "industrial_sensor": ("temperature_c", "humidity_pct", "voltage_v", "current_a", "power_w"),
+    "thermostat": ("temperature_c", "humidity_pct", "battery_pct", "signal_dbm"),
+}
+
+# --- Quarantine reason codes ---------------------------------------------------------------------
+REASON_INVALID_UTF8 = "invalid_utf8"
+REASON_INVALID_JSON = "invalid_json"
+REASON_MISSING_FIELD = "missing_field"
+REASON_WRONG_TYPE = "wrong_type"
+REASON_BAD_TIMESTAMP = "bad_timestamp"
+REASON_OUT_OF_RANGE = "out_of_range"
+REASON_OVERSIZE = "oversize"
+REASON_KEY_MISMATCH = "key_mismatch"
+REASONS = (
+    REASON_INVALID_UTF8, REASON_INVALID_JSON, REASON_MISSING_FIELD, REASON_WRONG_TYPE,
+    REASON_BAD_TIMESTAMP, REASON_OUT_OF_RANGE, REASON_OVERSIZE, REASON_KEY_MISMATCH,
+)  # fmt: skip
+
+# --- Scenarios the simulator injects, and the alert types that detect them -----------------------
+SCENARIOS = (
+    "tampering", "spike", "dip", "stuck_sensor", "drift", "impossible_travel", "cloned_device",
+    "replay", "flood", "rogue_device", "firmware_change", "clock_skew", "malformed",
+)  # fmt: skip
+# Fraud scenarios are the ones detection is scored on; clock_skew and malformed test robustness.
+FRAUD_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("clock_skew", "malformed"))
+
+ALERT_TYPES = (
+    "tampering", "spike", "dip", "stuck_sensor", "drift", "impossible_travel", "cloned_device",
+    "replay", "flood", "rogue_device", "firmware_mismatch", "firmware_tamper", "model_anomaly",
+)  # fmt: skip
+# An injected scenario counts as detected by an alert of one of these types on the same device.
+SCENARIO_ALERT_TYPES: dict[str, tuple[str, ...]] = {
+    "tampering": ("tampering", "model_anomaly"),
+    "spike": ("spike", "model_anomaly"),
+    "dip": ("dip", "model_anomaly"),
+    "stuck_sensor": ("stuck_sensor", "model_anomaly"),
+    "drift": ("drift", "model_anomaly"),
+    "impossible_travel": ("impossible_travel", "cloned_device"),
+    "cloned_device": ("cloned_device", "impossible_travel"),
+    "replay": ("replay",),
+    "flood": ("flood",),
+    "rogue_device": ("rogue_device",),
+    "firmware_change": ("firmware_mismatch", "firmware_tamper"),
+}
+SEVERITIES = ("low", "medium", "high", "critical")
+
+# --- Delta tables --------------------------------------------------------------------------------
+DEVICES_COLUMNS: Columns = (
+    ("device_id", "string"),
+    ("device_type", "string"),
+    ("owner", "string"),
+    ("site_address", "string"),
+    ("site_lat", "double"),
+    ("site_lon", "double"),
+    ("expected_firmware", "string"),
+    ("plan", "string"),
+    ("install_date", "date"),
+    ("status", "string"),  # active | retired
+    ("updated_at", "timestamp"),
+)
+
+GROUND_TRUTH_COLUMNS: Columns = (
+    ("scenario_id", "string"),
+    ("device_id", "string"),
+    ("scenario", "string"),
+    ("start_time", "timestamp"),
+    ("end_time", "timestamp"),
+    ("details", "string"),
+    ("run_id", "string"),
+)
+
+TELEMETRY_COLUMNS: Columns = (
+    ("event_id", "string"),
+    ("device_id", "string"),
+    ("event_time", "timestamp"),
+    ("seq", "long"),
+    ("firmware", "string"),
+    ("lat", "double"),
+    ("lon", "double"),
+    *((m, "double") for m in METRICS),
+    ("extra", "map<string,string>"),
+    ("kafka_topic", "string"),
+    ("kafka_partition", "int"),
+    ("kafka_offset", "long"),
+    ("kafka_timestamp", "timestamp"),
+    ("ingest_time", "timestamp"),
+)
+
+QUARANTINE_COLUMNS: Columns = (
+    ("raw_value", "binary"),
+    ("raw_key", "string"),
+    ("reason", "string"),
+    ("detail", "string"),
+    ("kafka_topic", "string"),
+    ("kafka_partition", "int"),
+    ("kafka_offset", "long"),
+    ("kafka_timestamp", "timestamp"),
+    ("ingest_time", "timestamp"),
+)
+
+ALERTS_COLUMNS: Columns = (
+    ("alert_id", "string"),
+    ("device_id", "string"),
+    ("alert_type", "string"),
+    ("severity", "string"),
+    ("score", "double"),
+    ("reasons", "array<string>"),
+    ("model_name", "string"),
+    ("model_version", "string"),
+    ("window_start", "timestamp"),
+    ("window_end", "timestamp"),
+    ("first_event_time", "timestamp"),
+    ("last_event_time", "timestamp"),
+    ("detected_at", "timestamp"),
+    ("batch_id", "long"),
+)
+
+ALERT_FEEDBACK_COLUMNS: Columns = (
+    ("alert_id", "string"),
+    ("verdict", "string"),  # true_positive | false_positive
+    ("note", "string"),
+    ("analyst", "string"),
+    ("created_at", "timestamp"),
+)
+VERDICTS = ("true_positive", "false_positive")
+
+PIPELINE_METRICS_COLUMNS: Columns = (
+    ("query_name", "string"),
+    ("run_id", "string"),
+    ("batch_id", "long"),
+    ("timestamp", "timestamp"),
+    ("num_input_rows", "long"),
+    ("input_rows_per_second", "double"),
+    ("processed_rows_per_second", "double"),
+    ("batch_duration_ms", "long"),
+    ("watermark", "timestamp"),
+    ("state_rows", "long"),
+    ("late_rows_dropped", "long"),
+)
+
+EVALUATION_COLUMNS: Columns = (
+    ("evaluated_at", "timestamp"),
+    ("scenario", "string"),
+    ("injected", "long"),
+    ("detected", "long"),
+    ("alerts", "long"),
+    ("true_positive_alerts", "long"),
+    ("precision", "double"),
+    ("recall", "double"),
+    ("f1", "double"),
+    ("median_time_to_detect_s", "double"),
+)
+
+
+def spark_ddl(columns: Columns) -> str:
+    """``"a string, b double"`` for ``spark.createDataFrame`` or ``from_json``."""
+    return ", ".join(f"`{name}` {type_}" for name, type_ in columns)
+
+
+def column_names(columns: Columns) -> list[str]:
+    return [name for name, _ in columns]
+
+
+def arrow_schema(columns: Columns) -> pa.Schema:
+    """The pyarrow schema for writing with ``deltalake`` (UTC timestamps in microseconds)."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(name, _arrow_type(type_)) for name, type_ in columns])
+
+
+def _arrow_type(type_: str) -> pa.DataType:
+    import pyarrow as pa
+
+    simple = {
+        "string": pa.string(),
+        "double": pa.float64(),
+        "long": pa.int64(),
+        "int": pa.int32(),
+        "boolean": pa.bool_(),
+        "binary": pa.binary(),
+        "date": pa.date32(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
+    }
+    if type_ in simple:
+        return simple[type_]
+    if type_.startswith("array<") and type_.endswith(">"):
+        return pa.list_(_arrow_type(type_[6:-1]))
+    if type_ == "map<string,string>":
+        return pa.map_(pa.string(), pa.string())
+    raise ValueError(f"no arrow type for {type_!r}")

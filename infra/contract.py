@@ -65,9 +65,12 @@ REASON_BAD_TIMESTAMP = "bad_timestamp"
 REASON_OUT_OF_RANGE = "out_of_range"
 REASON_OVERSIZE = "oversize"
 REASON_KEY_MISMATCH = "key_mismatch"
+# A valid copy of an event already in ``telemetry`` (same event_id): kept in quarantine, counted.
+REASON_DUPLICATE = "duplicate"
 REASONS = (
     REASON_INVALID_UTF8, REASON_INVALID_JSON, REASON_MISSING_FIELD, REASON_WRONG_TYPE,
     REASON_BAD_TIMESTAMP, REASON_OUT_OF_RANGE, REASON_OVERSIZE, REASON_KEY_MISMATCH,
+    REASON_DUPLICATE,
 )  # fmt: skip
 
 # --- Scenarios the simulator injects, and the alert types that detect them -----------------------
@@ -145,6 +148,10 @@ QUARANTINE_COLUMNS: Columns = (
     ("raw_key", "string"),
     ("reason", "string"),
     ("detail", "string"),
+    # Filled when parsing got that far (always for duplicates).
+    ("device_id", "string"),
+    ("event_id", "string"),
+    ("event_time", "timestamp"),
     ("kafka_topic", "string"),
     ("kafka_partition", "int"),
     ("kafka_offset", "long"),

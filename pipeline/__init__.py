@@ -1,0 +1,1 @@
+"""The Spark Structured Streaming job: ingest, quarantine, dedup, features, detection."""

@@ -1,0 +1,21 @@
+"""Column names the pipeline adds on top of the contract, in one place."""
+
+from __future__ import annotations
+
+# Raw records, whatever the source: the Kafka source's shape.
+KEY = "key"
+VALUE = "value"
+TOPIC = "topic"
+PARTITION = "partition"
+OFFSET = "offset"
+TIMESTAMP = "timestamp"
+
+# Parsing
+REASON = "reason"
+DETAIL = "detail"
+
+# Window features
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
+EVENT_COUNT = "event_count"
+DUPLICATE_COUNT = "duplicate_count"

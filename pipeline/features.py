@@ -1,0 +1,156 @@
+"""Per-device sliding-window features: one definition for the stream and for batch training data.
+
+``with_device`` joins events to the registry; ``window_features`` aggregates them. Both are pure
+``DataFrame -> DataFrame`` functions: on a stream they need a watermark on ``event_time`` first
+(``window_features`` adds it when ``watermark`` is given); on static data they run as they are.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from infra import contract as c
+from pipeline import columns as col
+
+EARTH_RADIUS_KM = 6371.0
+# Metrics whose statistics the detectors and the model read.
+STAT_FUNCS = {"mean": F.avg, "std": F.stddev_samp, "min": F.min, "max": F.max}
+REGISTRY_COLUMNS = ("device_type", "site_lat", "site_lon", "expected_firmware", "status")
+
+
+def haversine_km(lat1: Column, lon1: Column, lat2: Column, lon2: Column) -> Column:
+    """Great-circle distance in km (null when any input is null)."""
+    dlat = F.radians(lat2 - lat1)
+    dlon = F.radians(lon2 - lon1)
+    a = (
+        F.sin(dlat / 2) ** 2
+        + F.cos(F.radians(lat1)) * F.cos(F.radians(lat2)) * F.sin(dlon / 2) ** 2
+    )
+    return F.lit(2 * EARTH_RADIUS_KM) * F.asin(F.sqrt(F.least(F.lit(1.0), a)))
+
+
+def with_device(events: DataFrame, devices: DataFrame) -> DataFrame:
+    """Left-join events to the registry; devices not in it are kept with ``registered`` false.
+
+    Input: events with ``device_id``; ``devices`` with the registry columns. Output: the event
+    columns plus REGISTRY_COLUMNS and ``registered``. Safe on a stream (stream-static join).
+    """
+    registry = devices.select("device_id", *REGISTRY_COLUMNS, F.lit(True).alias("registered"))
+    return events.join(F.broadcast(registry), "device_id", "left").withColumn(
+        "registered", F.coalesce(F.col("registered"), F.lit(False))
+    )
+
+
+def event_measures(events: DataFrame) -> DataFrame:
+    """Per-event values the window aggregates need (distance from site, power ratio, ...).
+
+    Input: ``with_device`` output plus ``is_duplicate`` (0 or 1). Stateless; safe on a stream.
+    """
+    return events.select(
+        "*",
+        haversine_km(F.col("lat"), F.col("lon"), F.col("site_lat"), F.col("site_lon")).alias(
+            "distance_km"
+        ),
+        # Real power over apparent power: about the power factor; tampering pushes it down.
+        F.when(
+            (F.col("voltage_v") * F.col("current_a")) > 1.0,
+            F.col("power_w") / (F.col("voltage_v") * F.col("current_a")),
+        ).alias("power_ratio"),
+        (F.col("firmware").isNotNull() & F.col("expected_firmware").isNotNull()
+         & (F.col("firmware") != F.col("expected_firmware"))).cast("int").alias("fw_mismatch"),
+    )  # fmt: skip
+
+
+def _window_aggregates() -> list[Column]:
+    valid = F.col("is_duplicate") == 0
+
+    def over_valid(value: Column) -> Column:
+        return F.when(valid, value)
+
+    aggs = [
+        F.sum(1 - F.col("is_duplicate")).cast("long").alias(col.EVENT_COUNT),
+        F.sum("is_duplicate").cast("long").alias(col.DUPLICATE_COUNT),
+        F.min(over_valid(F.col("event_time"))).alias("first_event_time"),
+        F.max(over_valid(F.col("event_time"))).alias("last_event_time"),
+        F.min(over_valid(F.col("seq"))).alias("seq_min"),
+        F.max(over_valid(F.col("seq"))).alias("seq_max"),
+        F.max(F.col("distance_km")).alias("max_distance_km"),
+        F.min("lat").alias("lat_min"),
+        F.max("lat").alias("lat_max"),
+        F.min("lon").alias("lon_min"),
+        F.max("lon").alias("lon_max"),
+        F.avg("power_ratio").alias("power_ratio_mean"),
+        F.min("power_ratio").alias("power_ratio_min"),
+        F.sum("fw_mismatch").cast("long").alias("firmware_mismatch_count"),
+        F.max_by("firmware", "event_time").alias("last_firmware"),
+        F.first("device_type", ignorenulls=True).alias("device_type"),
+        F.first("expected_firmware", ignorenulls=True).alias("expected_firmware"),
+        F.max(F.col("registered").cast("int")).cast("boolean").alias("registered"),
+    ]
+    for metric in c.METRICS:
+        for stat, func in STAT_FUNCS.items():
+            aggs.append(func(F.col(metric)).alias(f"{metric}_{stat}"))
+    return aggs
+
+
+def window_features(
+    events: DataFrame,
+    *,
+    window: str = "10 minutes",
+    slide: str = "1 minute",
+    watermark: str | None = None,
+) -> DataFrame:
+    """Aggregate events into per-device sliding windows and derive the features.
+
+    Input: ``event_measures`` output (``device_id``, ``event_time``, metrics, ``is_duplicate``,
+    ``distance_km``, ...). Output: one row per (device_id, window_start) with counts and rates,
+    mean/std/min/max per metric, sequence gaps, duplicates, distance from site, implied speed,
+    power ratio and firmware mismatches. Safe on a stream when ``watermark`` is given (late rows
+    beyond it are dropped and counted by Spark).
+    """
+    if watermark:
+        events = events.withWatermark("event_time", watermark)
+    grouped = events.groupBy("device_id", F.window("event_time", window, slide).alias("w"))
+    features = grouped.agg(*_window_aggregates())
+    window_seconds = F.col("w.end").cast("long") - F.col("w.start").cast("long")
+    span_hours = (
+        F.col("last_event_time").cast("double") - F.col("first_event_time").cast("double")
+    ) / 3600.0
+    spread_km = haversine_km(F.col("lat_min"), F.col("lon_min"), F.col("lat_max"), F.col("lon_max"))
+    expected_events = F.col("seq_max") - F.col("seq_min") + 1
+    return features.select(
+        "device_id",
+        F.col("w.start").alias(col.WINDOW_START),
+        F.col("w.end").alias(col.WINDOW_END),
+        *[name for name in features.columns if name not in ("device_id", "w")],
+        (F.col(col.EVENT_COUNT) * 60.0 / window_seconds).alias("events_per_min"),
+        # Readings missing from the device's sequence (negative counts are set to 0).
+        F.greatest(F.lit(0), expected_events - F.col(col.EVENT_COUNT)).alias("seq_gap_count"),
+        # More readings than sequence numbers: two senders share the id, or a replay.
+        F.greatest(F.lit(0), F.col(col.EVENT_COUNT) - expected_events).alias("seq_excess_count"),
+        spread_km.alias("spread_km"),
+        F.when(span_hours > 0, spread_km / span_hours).alias("implied_speed_kmh"),
+    )
+
+
+def features_from_events(
+    events: DataFrame,
+    devices: DataFrame,
+    *,
+    window: str = "10 minutes",
+    slide: str = "1 minute",
+    watermark: str | None = None,
+) -> DataFrame:
+    """The whole feature stage: registry join, per-event measures, window aggregates.
+
+    Input: bronze ``telemetry`` rows (and optionally duplicate rows) with an ``is_duplicate``
+    column; when absent every row counts as a distinct event. Used by the stream and by training.
+    """
+    if "is_duplicate" not in events.columns:
+        events = events.withColumn("is_duplicate", F.lit(0))
+    return (
+        events.transform(lambda df: with_device(df, devices))
+        .transform(event_measures)
+        .transform(lambda df: window_features(df, window=window, slide=slide, watermark=watermark))
+    )

@@ -1,0 +1,210 @@
+"""Wire sources, transforms and sinks into the two streaming queries, and run them.
+
+ingest:   source -> parse -> quarantine | dedup -> telemetry            (foreachBatch, appends)
+features: telemetry + duplicates (Delta streams) -> registry join -> watermark -> sliding
+          windows -> features (MERGE) -> detection                      (foreachBatch, update mode)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+from infra import contract as c
+from infra import lake
+from infra.errors import ConfigError
+from pipeline.detection import FeaturesBatchWriter
+from pipeline.features import features_from_events
+from pipeline.ingest import IngestBatchWriter
+from pipeline.metrics import MetricsListener
+from pipeline.settings import PipelineSettings
+from pipeline.sinks import ensure_tables
+from pipeline.sources import raw_source
+
+log = logging.getLogger(__name__)
+
+INGEST = "ingest"
+FEATURES = "features"
+_EVENT_COLUMNS = ["device_id", "event_time", "seq", "firmware", "lat", "lon", *c.METRICS]
+
+
+def check_locations(settings: PipelineSettings) -> None:
+    """Fail at start when the lake, checkpoint or landing folder cannot be used."""
+    for what, location in (("lake", settings.lake_root), ("checkpoint", settings.checkpoint_root)):
+        if lake.is_uri(location):
+            continue
+        path = Path(location)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / ".write-test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(
+                f"The {what} folder {location} is not writable ({exc.strerror}). "
+                f"Point {'IOT_LAKE_ROOT' if what == 'lake' else 'IOT_PIPELINE_CHECKPOINT_ROOT'} "
+                "at a folder this user can write."
+            ) from None
+    if settings.source == "files" and not lake.is_uri(settings.landing_dir):
+        Path(settings.landing_dir).mkdir(parents=True, exist_ok=True)
+
+
+def check_topic(settings: PipelineSettings, timeout_s: float = 15.0) -> None:
+    """Fail at start when the topic does not exist (plain connections; secured ones are left to
+    Spark, whose Java client options cannot be translated to librdkafka's)."""
+    if settings.source != "kafka" or settings.kafka_options:
+        return
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    try:
+        topics = admin.list_topics(timeout=timeout_s).topics
+    except Exception as exc:
+        raise ConfigError(
+            f"Cannot reach Kafka at {settings.bootstrap_servers}: {exc}. Start it with "
+            "'iotfraud stack up' or set KAFKA_BOOTSTRAP_SERVERS."
+        ) from None
+    if settings.topic not in topics:
+        raise ConfigError(
+            f"Topic {settings.topic!r} does not exist on {settings.bootstrap_servers}. Create it "
+            "(iotfraud simulate creates it) or set IOT_TOPIC to an existing topic."
+        )
+
+
+def feature_input(spark: SparkSession, lake_root: str) -> DataFrame:
+    """Bronze events plus duplicate copies (``is_duplicate`` = 1), both read as Delta streams.
+
+    A duplicate is placed at the time it was sent (Kafka timestamp), not at the original's event
+    time: a replay of old messages shows up in the window in which it happened.
+    """
+    events = (
+        spark.readStream.format("delta")
+        .load(lake.table_path(lake_root, lake.TELEMETRY))
+        .select(*_EVENT_COLUMNS, F.lit(0).alias("is_duplicate"))
+    )
+    duplicates = (
+        spark.readStream.format("delta")
+        .load(lake.table_path(lake_root, lake.QUARANTINE))
+        .where(F.col("reason") == c.REASON_DUPLICATE)
+        .select(
+            "device_id",
+            F.col("kafka_timestamp").alias("event_time"),
+            *(
+                F.lit(None).cast(t).alias(n)
+                for n, t in c.TELEMETRY_COLUMNS
+                if n in _EVENT_COLUMNS[2:]
+            ),
+            F.lit(1).alias("is_duplicate"),
+        )
+    )
+    return events.unionByName(duplicates)
+
+
+@dataclass
+class Pipeline:
+    """The running queries and their metrics listener."""
+
+    spark: SparkSession
+    settings: PipelineSettings
+    listener: MetricsListener
+    queries: list[StreamingQuery] = field(default_factory=list)
+
+    def checkpoint(self, query: str) -> str:
+        return os.path.join(self.settings.checkpoint_root, query)
+
+    def _writer(self, df: DataFrame, name: str) -> DataStreamWriter:
+        writer = df.writeStream.queryName(name).option("checkpointLocation", self.checkpoint(name))
+        if self.settings.trigger == "available_now":
+            return writer.trigger(availableNow=True)
+        return writer.trigger(processingTime=self.settings.trigger_interval)
+
+    def start_ingest(self) -> StreamingQuery:
+        writer = IngestBatchWriter(
+            self.settings.lake_root, self.settings.app_id, self.settings.dedup_horizon
+        )
+        raw = raw_source(self.spark, self.settings)
+        query = self._writer(raw, INGEST).foreachBatch(writer).start()
+        self.queries.append(query)
+        return query
+
+    def start_features(self) -> StreamingQuery:
+        s = self.settings
+        devices = self.spark.read.format("delta").load(lake.table_path(s.lake_root, lake.DEVICES))
+        features = features_from_events(
+            feature_input(self.spark, s.lake_root),
+            devices,
+            window=s.window,
+            slide=s.slide,
+            watermark=s.watermark,
+        )
+        writer = FeaturesBatchWriter(s.lake_root)
+        query = self._writer(features, FEATURES).outputMode("update").foreachBatch(writer).start()
+        self.queries.append(query)
+        return query
+
+    def flush_metrics(self) -> None:
+        self.listener.flush(self.spark)
+
+    def stop(self) -> None:
+        for query in self.queries:
+            if query.isActive:
+                query.stop()
+        self.flush_metrics()
+
+    def failures(self) -> list[str]:
+        return [f"{q.name}: {q.exception()}" for q in self.queries if q.exception() is not None]
+
+
+def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
+    """Check the set-up, create missing tables, and start both queries (live mode)."""
+    check_locations(settings)
+    check_topic(settings)
+    ensure_tables(spark, settings.lake_root)
+    listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS))
+    spark.streams.addListener(listener)
+    pipeline = Pipeline(spark, settings, listener)
+    pipeline.start_ingest()
+    pipeline.start_features()
+    return pipeline
+
+
+def run_available_now(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
+    """Catch up on everything available, one stage after the other, then return."""
+    settings = settings.model_copy(update={"trigger": "available_now"})
+    check_locations(settings)
+    check_topic(settings)
+    ensure_tables(spark, settings.lake_root)
+    listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS))
+    spark.streams.addListener(listener)
+    pipeline = Pipeline(spark, settings, listener)
+    try:
+        pipeline.start_ingest().awaitTermination()
+        pipeline.start_features().awaitTermination()
+    finally:
+        pipeline.flush_metrics()
+        spark.streams.removeListener(listener)
+    return pipeline
+
+
+def run_until_stopped(pipeline: Pipeline, stop: threading.Event, on_status: object = None) -> None:
+    """Block until ``stop`` is set or a query fails; flush metrics and report status meanwhile."""
+    interval = pipeline.settings.status_interval_s
+    try:
+        while not stop.wait(interval):
+            pipeline.flush_metrics()
+            if callable(on_status):
+                on_status(pipeline.listener.status_line())
+            failed = pipeline.failures()
+            if failed:
+                raise RuntimeError("a streaming query failed: " + "; ".join(failed))
+    finally:
+        pipeline.stop()
+        pipeline.spark.streams.removeListener(pipeline.listener)

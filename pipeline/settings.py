@@ -1,0 +1,94 @@
+"""Pipeline settings (prefix ``IOT_PIPELINE_``), validated at start."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from infra.settings import CommonSettings
+
+_DURATION = re.compile(r"^\d+ (second|minute|hour)s?$")
+
+
+class PipelineSettings(CommonSettings):
+    """How the streaming job reads, windows, scores and writes."""
+
+    model_config = SettingsConfigDict(env_prefix="IOT_PIPELINE_", extra="ignore")
+
+    source: Literal["kafka", "files"] = Field(
+        default="kafka", description="Read the Kafka topic or a landing folder of JSON-lines files"
+    )
+    landing_dir: str = Field(
+        default=".iotfraud/landing", description="Folder of JSON-lines files (source=files)"
+    )
+    starting_offsets: str = Field(
+        default="earliest", description="Kafka startingOffsets for a new checkpoint"
+    )
+    max_offsets_per_trigger: int = Field(
+        default=0, ge=0, description="Kafka maxOffsetsPerTrigger; 0 means no limit"
+    )
+    max_files_per_trigger: int = Field(
+        default=100, ge=1, description="maxFilesPerTrigger for the files source"
+    )
+    kafka_options: dict[str, str] = Field(
+        default_factory=dict,
+        description='Extra Kafka source options as JSON, e.g. {"kafka.security.protocol": '
+        '"SASL_SSL"}; keys must start with "kafka."',
+    )
+    checkpoint_root: str = Field(
+        default=".iotfraud/checkpoints", description="One checkpoint folder per query under it"
+    )
+    trigger: Literal["processing", "available_now"] = Field(
+        default="processing", description="processing: live micro-batches; available_now: catch up"
+    )
+    trigger_interval: str = Field(default="1 second", description="processingTime interval")
+    window: str = Field(default="10 minutes", description="Sliding window length")
+    slide: str = Field(default="1 minute", description="Sliding window step")
+    watermark: str = Field(
+        default="5 minutes", description="How late an event may be and still update its windows"
+    )
+    dedup_horizon: str = Field(
+        default="24 hours", description="How far back a repeated event_id is recognised"
+    )
+    app_id: str = Field(
+        default="iotfraud", description="Delta txnAppId prefix for idempotent appends"
+    )
+    model_name: str = Field(
+        default="iot-fraud", validation_alias="IOT_MODEL_NAME", description="Registered model name"
+    )
+    model_alias: str = Field(
+        default="champion", description="Registry alias the pipeline scores with"
+    )
+    status_interval_s: float = Field(default=5.0, gt=0, description="Seconds between status lines")
+
+    @field_validator("kafka_options")
+    @classmethod
+    def _kafka_prefixed(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not k.startswith("kafka.")]
+        if bad:
+            raise ValueError(f"Kafka source options must start with 'kafka.': {bad}")
+        return value
+
+    @field_validator("trigger_interval", "window", "slide", "watermark", "dedup_horizon")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        if not _DURATION.match(value.strip()):
+            raise ValueError(
+                f"expected a duration like '10 minutes' or '30 seconds', got {value!r}"
+            )
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _window_is_multiple_of_slide(self) -> PipelineSettings:
+        if seconds(self.window) % seconds(self.slide) != 0:
+            raise ValueError(f"window {self.window!r} must be a multiple of slide {self.slide!r}")
+        return self
+
+
+def seconds(duration: str) -> int:
+    """``'10 minutes'`` -> 600."""
+    amount, unit = duration.split()
+    return int(amount) * {"second": 1, "minute": 60, "hour": 3600}[unit.rstrip("s")]

@@ -1,0 +1,65 @@
+"""Delta writes that are safe to repeat: idempotent appends and MERGE upserts."""
+
+from __future__ import annotations
+
+import logging
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+
+from infra import contract as c
+from infra import lake
+
+log = logging.getLogger(__name__)
+
+# Tables the pipeline writes whose schema the contract fixes; created empty at start.
+CONTRACT_TABLES: dict[str, c.Columns] = {
+    lake.TELEMETRY: c.TELEMETRY_COLUMNS,
+    lake.QUARANTINE: c.QUARANTINE_COLUMNS,
+    lake.ALERTS: c.ALERTS_COLUMNS,
+    lake.PIPELINE_METRICS: c.PIPELINE_METRICS_COLUMNS,
+    lake.DEVICES: c.DEVICES_COLUMNS,
+}
+
+
+def ensure_table(spark: SparkSession, path: str, columns: c.Columns) -> None:
+    """Create an empty Delta table with the contract's schema unless one exists at ``path``."""
+    if DeltaTable.isDeltaTable(spark, path):
+        return
+    log.info("creating Delta table %s", path)
+    spark.createDataFrame([], c.spark_ddl(columns)).write.format("delta").mode("ignore").save(path)
+
+
+def ensure_tables(spark: SparkSession, lake_root: str) -> None:
+    for table, columns in CONTRACT_TABLES.items():
+        ensure_table(spark, lake.table_path(lake_root, table), columns)
+
+
+def idempotent_append(df: DataFrame, path: str, app_id: str, version: int) -> None:
+    """Append ``df`` once: Delta skips a write whose (txnAppId, txnVersion) it has committed."""
+    (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", version)
+        .save(path)
+    )
+
+
+def upsert(spark: SparkSession, df: DataFrame, path: str, keys: list[str]) -> None:
+    """MERGE ``df`` into the table on ``keys``: update what matches, insert the rest.
+
+    Repeating the same MERGE leaves the table unchanged, so a replayed micro-batch is harmless.
+    The table is created from ``df``'s schema on first use.
+    """
+    if not DeltaTable.isDeltaTable(spark, path):
+        df.limit(0).write.format("delta").mode("ignore").save(path)
+    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(df.alias("s"), condition)
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )

@@ -1,0 +1,171 @@
+"""Pure DataFrame transforms of the ingest stage: parse, split valid from quarantined, dedup.
+
+Every function takes and returns a DataFrame, reads no environment and does no I/O, so each runs
+the same on a stream, in ``foreachBatch`` and on static test data.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window
+
+from infra import contract as c
+from pipeline import columns as col
+
+_RAW_MAP = "map<string,string>"
+_KNOWN_FIELDS = [name for name, _ in c.EVENT_FIELDS]
+# Events may be at most this far ahead of the time they are ingested (device clocks drift).
+MAX_FUTURE_SKEW = "INTERVAL 1 DAY"
+MIN_EVENT_TIME = "2000-01-01 00:00:00"
+
+
+def _range_check(value: Column, field: str) -> Column:
+    """True when ``value`` is null or finite and inside the contract's valid range."""
+    low, high = c.VALID_RANGES[field]
+    finite = ~F.isnan(value) if field != "seq" else F.lit(True)
+    return value.isNull() | (finite & value.between(low, high))
+
+
+def parse_events(raw: DataFrame, *, max_bytes: int = c.MAX_MESSAGE_BYTES) -> DataFrame:
+    """Parse raw records into typed event columns plus a quarantine ``reason`` (null when valid).
+
+    Input columns: key (string), value (binary), topic, partition, offset, timestamp (the Kafka
+    source's shape). Output: the input columns, every contract event column (event_time as a
+    timestamp, metrics flattened), ``extra`` (unknown fields as a map), ``ingest_time``,
+    ``reason`` and ``detail``. Stateless; safe on a stream.
+    """
+    text = F.col(col.VALUE).cast("string")
+    fields = F.from_json(text, _RAW_MAP)  # null when the value is not a JSON object
+    metrics = F.from_json(fields["metrics"], _RAW_MAP)
+
+    def field(name: str) -> Column:
+        return fields[name]
+
+    typed: dict[str, Column] = {
+        "event_id": field("event_id"),
+        "device_id": field("device_id"),
+        "event_time": F.try_to_timestamp(field("event_time")),
+        "seq": field("seq").try_cast("bigint"),
+        "firmware": field("firmware"),
+        "lat": field("lat").try_cast("double"),
+        "lon": field("lon").try_cast("double"),
+        **{m: metrics[m].try_cast("double") for m in c.METRICS},
+    }
+
+    def wrong_type(name: str, raw_value: Column) -> Column:
+        """Sent and not JSON null, but not convertible to the contract's type."""
+        sent = raw_value.isNotNull() & (raw_value != F.lit("null"))
+        return sent & typed[name].isNull()
+
+    missing = [F.when(field(f).isNull(), F.lit(f)) for f in c.REQUIRED_FIELDS]
+    wrong = [
+        F.when(wrong_type(name, field(name)), F.lit(name)) for name in ("seq", "lat", "lon")
+    ] + [F.when(wrong_type(m, metrics[m]), F.lit(f"metrics.{m}")) for m in c.METRICS]
+    metrics_not_object = (
+        field("metrics").isNotNull() & (field("metrics") != "null") & metrics.isNull()
+    )
+    out_of_range = [
+        F.when(~_range_check(typed[name], name), F.lit(name))
+        for name in ("seq", "lat", "lon", *c.METRICS)
+    ]
+    bad_id = (
+        (F.length(field("event_id")) == 0)
+        | (F.length(field("device_id")) == 0)
+        | (F.length(field("event_id")) > c.MAX_ID_LENGTH)
+        | (F.length(field("device_id")) > c.MAX_ID_LENGTH)
+    )
+    bad_time = (
+        typed["event_time"].isNull()
+        | (typed["event_time"] < F.lit(MIN_EVENT_TIME).cast("timestamp"))
+        | (typed["event_time"] > F.current_timestamp() + F.expr(MAX_FUTURE_SKEW))
+    )
+
+    first_missing = F.coalesce(*missing)
+    first_wrong = F.coalesce(*wrong)
+    first_out_of_range = F.coalesce(*out_of_range)
+    reason = (
+        F.when(F.length(F.col(col.VALUE)) > max_bytes, F.lit(c.REASON_OVERSIZE))
+        .when(~F.is_valid_utf8(F.col(col.VALUE)), F.lit(c.REASON_INVALID_UTF8))
+        .when(fields.isNull(), F.lit(c.REASON_INVALID_JSON))
+        .when(first_missing.isNotNull(), F.lit(c.REASON_MISSING_FIELD))
+        .when(first_wrong.isNotNull() | metrics_not_object | bad_id, F.lit(c.REASON_WRONG_TYPE))
+        .when(bad_time, F.lit(c.REASON_BAD_TIMESTAMP))
+        .when(first_out_of_range.isNotNull(), F.lit(c.REASON_OUT_OF_RANGE))
+        .when(
+            F.col(col.KEY).isNotNull() & (F.col(col.KEY) != field("device_id")),
+            F.lit(c.REASON_KEY_MISMATCH),
+        )
+    )
+    detail = (
+        F.when(F.length(F.col(col.VALUE)) > max_bytes,
+               F.format_string("%d bytes > %d", F.length(F.col(col.VALUE)), F.lit(max_bytes)))
+        .when(fields.isNull(), F.lit("value is not a JSON object"))
+        .when(first_missing.isNotNull(), F.concat(F.lit("missing "), first_missing))
+        .when(metrics_not_object, F.lit("metrics is not an object"))
+        .when(bad_id, F.lit("empty or over-long event_id/device_id"))
+        .when(first_wrong.isNotNull(), F.concat(F.lit("wrong type: "), first_wrong))
+        .when(bad_time, F.concat(F.lit("event_time: "), F.substring(field("event_time"), 1, 64)))
+        .when(first_out_of_range.isNotNull(), F.concat(F.lit("out of range: "), first_out_of_range))
+        .when(F.col(col.KEY) != field("device_id"), F.lit("Kafka key differs from device_id"))
+    )  # fmt: skip
+    extra = F.map_filter(fields, lambda k, _: ~k.isin(_KNOWN_FIELDS))
+    return raw.select(
+        "*",
+        *(expr.alias(name) for name, expr in typed.items()),
+        extra.alias("extra"),
+        F.current_timestamp().alias("ingest_time"),
+        reason.alias(col.REASON),
+        detail.alias(col.DETAIL),
+    )
+
+
+def valid_events(parsed: DataFrame) -> DataFrame:
+    """Rows of ``parse_events`` that passed every check, in the bronze ``telemetry`` shape."""
+    bookkeeping = {
+        "kafka_topic",
+        "kafka_partition",
+        "kafka_offset",
+        "kafka_timestamp",
+        "ingest_time",
+    }
+    event_columns = [n for n in c.column_names(c.TELEMETRY_COLUMNS) if n not in bookkeeping]
+    return parsed.where(F.col(col.REASON).isNull()).select(
+        *event_columns,
+        F.col(col.TOPIC).alias("kafka_topic"),
+        F.col(col.PARTITION).alias("kafka_partition"),
+        F.col(col.OFFSET).alias("kafka_offset"),
+        F.col(col.TIMESTAMP).alias("kafka_timestamp"),
+        "ingest_time",
+    )
+
+
+def quarantined(parsed: DataFrame) -> DataFrame:
+    """Rows of ``parse_events`` that failed a check, in the ``quarantine`` shape."""
+    return parsed.where(F.col(col.REASON).isNotNull()).select(*_quarantine_columns())
+
+
+def _quarantine_columns() -> list[Column]:
+    return [
+        F.col(col.VALUE).alias("raw_value"),
+        F.col(col.KEY).alias("raw_key"),
+        F.col(col.REASON).alias("reason"),
+        F.col(col.DETAIL).alias("detail"),
+        F.col("device_id"),
+        F.col("event_id"),
+        F.col("event_time"),
+        F.col(col.TOPIC).alias("kafka_topic"),
+        F.col(col.PARTITION).alias("kafka_partition"),
+        F.col(col.OFFSET).alias("kafka_offset"),
+        F.col(col.TIMESTAMP).alias("kafka_timestamp"),
+        F.col("ingest_time"),
+    ]
+
+
+def first_of_each_event(events: DataFrame) -> DataFrame:
+    """Keep, per event_id, the copy with the smallest Kafka coordinates (a static/batch transform).
+
+    Input/output: bronze ``telemetry`` columns. Not for streams: use it inside ``foreachBatch``.
+    """
+    order = Window.partitionBy("event_id").orderBy("kafka_topic", "kafka_partition", "kafka_offset")
+    return events.withColumn("_rank", F.row_number().over(order)).where("_rank = 1").drop("_rank")

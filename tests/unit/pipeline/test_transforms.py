@@ -1,0 +1,119 @@
+"""Parsing and quarantine rules on static DataFrames."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from infra import contract as c
+from pipeline.transforms import first_of_each_event, parse_events, quarantined, valid_events
+
+RAW_DDL = "key string, value binary, topic string, partition int, offset long, timestamp timestamp"
+KAFKA_TS = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
+
+
+def event(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "event_id": "e-1",
+        "device_id": "dev-1",
+        "event_time": "2026-11-22T08:00:00Z",
+        "seq": 7,
+        "firmware": "1.2.0",
+        "lat": 52.5,
+        "lon": 13.4,
+        "metrics": {"voltage_v": 230.0, "current_a": 2.0, "power_w": 420.0,
+                    "temperature_c": None},
+    }  # fmt: skip
+    base.update(overrides)
+    return {k: v for k, v in base.items() if v is not ...}
+
+
+def raw_rows(values: list[bytes], key: str | None = "dev-1") -> list[tuple[Any, ...]]:
+    return [(key, v, "t", 0, i, KAFKA_TS) for i, v in enumerate(values)]
+
+
+def parse(spark: Any, values: list[bytes], key: str | None = "dev-1") -> list[Any]:
+    raw = spark.createDataFrame(raw_rows(values, key), RAW_DDL)
+    return parse_events(raw).orderBy("offset").collect()
+
+
+def test_valid_event_is_typed_and_extra_fields_are_kept(spark: Any) -> None:
+    value = json.dumps(event(vendor="acme", zone=3)).encode()
+    row = parse(spark, [value])[0]
+    assert row.reason is None
+    assert row.event_time == datetime(2026, 11, 22, 8, 0)  # session time zone is UTC
+    assert (row.seq, row.voltage_v, row.power_w, row.temperature_c) == (7, 230.0, 420.0, None)
+    assert row.extra == {"vendor": "acme", "zone": "3"}
+
+
+BAD_RECORDS: list[tuple[bytes, str, str | None]] = [
+        (b"{not json", c.REASON_INVALID_JSON, "value is not a JSON object"),
+        (b"[1, 2, 3]", c.REASON_INVALID_JSON, "value is not a JSON object"),
+        (b"\xff\xfe{}", c.REASON_INVALID_UTF8, None),
+        (json.dumps(event(event_id=...)).encode(), c.REASON_MISSING_FIELD, "missing event_id"),
+        (json.dumps(event(seq=...)).encode(), c.REASON_MISSING_FIELD, "missing seq"),
+        (json.dumps(event(seq="seven")).encode(), c.REASON_WRONG_TYPE, "wrong type: seq"),
+        (json.dumps(event(lat={"a": 1})).encode(), c.REASON_WRONG_TYPE, "wrong type: lat"),
+        (json.dumps(event(metrics={"power_w": "high"})).encode(), c.REASON_WRONG_TYPE,
+         "wrong type: metrics.power_w"),
+        (json.dumps(event(metrics=[1])).encode(), c.REASON_WRONG_TYPE, "metrics is not an object"),
+        (json.dumps(event(device_id="")).encode(), c.REASON_WRONG_TYPE, None),
+        (json.dumps(event(event_time="yesterday")).encode(), c.REASON_BAD_TIMESTAMP, None),
+        (json.dumps(event(event_time="1970-01-01T00:00:00Z")).encode(), c.REASON_BAD_TIMESTAMP,
+         None),
+        (json.dumps(event(event_time="2999-01-01T00:00:00Z")).encode(), c.REASON_BAD_TIMESTAMP,
+         None),
+        (json.dumps(event(lat=123.0)).encode(), c.REASON_OUT_OF_RANGE, "out of range: lat"),
+        (json.dumps(event(seq=-1)).encode(), c.REASON_OUT_OF_RANGE, "out of range: seq"),
+        (json.dumps(event(metrics={"humidity_pct": 140})).encode(), c.REASON_OUT_OF_RANGE,
+         "out of range: humidity_pct"),
+        (b'{"event_id":"e","device_id":"dev-1","event_time":"2026-11-22T08:00:00Z","seq":1,'
+         b'"lat":NaN}', c.REASON_WRONG_TYPE, "wrong type: lat"),
+        (json.dumps(event(device_id="dev-2")).encode(), c.REASON_KEY_MISMATCH, None),
+        (json.dumps(event(firmware="x" * (c.MAX_MESSAGE_BYTES + 1))).encode(), c.REASON_OVERSIZE,
+         None),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def parsed_bad_records(spark: Any) -> list[Any]:
+    """All bad records parsed in one job (one row per case, in order)."""
+    return parse(spark, [value for value, _, _ in BAD_RECORDS])
+
+
+@pytest.mark.parametrize("case", range(len(BAD_RECORDS)))
+def test_bad_records_get_a_reason(parsed_bad_records: list[Any], case: int) -> None:
+    _, reason, detail = BAD_RECORDS[case]
+    row = parsed_bad_records[case]
+    assert row.reason == reason
+    if detail is not None:
+        assert row.detail == detail
+    else:
+        assert row.detail
+
+
+def test_numbers_sent_as_strings_and_null_key_are_accepted(spark: Any) -> None:
+    value = json.dumps(event(seq="42", lat="52.5")).encode()
+    row = parse(spark, [value], key=None)[0]
+    assert (row.reason, row.seq, row.lat) == (None, 42, 52.5)
+
+
+def test_split_keeps_every_record_once(spark: Any) -> None:
+    values = [json.dumps(event(event_id=f"e{i}")).encode() for i in range(5)] + [b"oops", b"{}"]
+    raw = spark.createDataFrame(raw_rows(values), RAW_DDL)
+    parsed = parse_events(raw)
+    good, bad = valid_events(parsed), quarantined(parsed)
+    assert good.count() == 5 and bad.count() == 2
+    assert good.columns == c.column_names(c.TELEMETRY_COLUMNS)
+    assert bad.columns == c.column_names(c.QUARANTINE_COLUMNS)
+    assert sorted(r.raw_value for r in bad.collect()) == [b"oops", b"{}"]
+
+
+def test_first_of_each_event_keeps_smallest_coordinates(spark: Any) -> None:
+    values = [json.dumps(event(event_id=e)).encode() for e in ("a", "b", "a", "a")]
+    good = valid_events(parse_events(spark.createDataFrame(raw_rows(values), RAW_DDL)))
+    firsts = {r.event_id: r.kafka_offset for r in first_of_each_event(good).collect()}
+    assert firsts == {"a": 0, "b": 1}

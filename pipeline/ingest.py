@@ -17,12 +17,11 @@ from pyspark.sql import functions as F
 
 from infra import contract as c
 from infra import lake
+from pipeline import columns as col
 from pipeline.sinks import idempotent_append
 from pipeline.transforms import first_of_each_event, parse_events, quarantined, valid_events
 
 log = logging.getLogger(__name__)
-
-_COORDS = ["kafka_topic", "kafka_partition", "kafka_offset"]
 
 
 @dataclass
@@ -34,54 +33,51 @@ class IngestBatchWriter:
     dedup_horizon: str = "24 hours"
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession
         telemetry_path = lake.table_path(self.lake_root, lake.TELEMETRY)
-        parsed = parse_events(batch).persist()
-        try:
-            valid = valid_events(parsed)
-            bounds = valid.agg(F.min("event_time"), F.max("event_time")).first()
-            if bounds is None or bounds[0] is None:
-                new_events = valid.limit(0)
-            else:
-                new_events = self._new_events(spark, valid, telemetry_path, bounds[0], bounds[1])
-            new_events = new_events.persist()
-            duplicates = (
-                parsed.where(F.col("reason").isNull())
-                .withColumnRenamed("topic", "kafka_topic")
-                .withColumnRenamed("partition", "kafka_partition")
-                .withColumnRenamed("offset", "kafka_offset")
-                .join(new_events.select(*_COORDS), _COORDS, "left_anti")
-                .withColumnRenamed("kafka_topic", "topic")
-                .withColumnRenamed("kafka_partition", "partition")
-                .withColumnRenamed("kafka_offset", "offset")
-                .withColumn("reason", F.lit(c.REASON_DUPLICATE))
-                .withColumn("detail", F.lit("event_id already ingested"))
-            )
-            rejected = quarantined(parsed).unionByName(quarantined(duplicates))
-            idempotent_append(new_events, telemetry_path, f"{self.app_id}-telemetry", batch_id)
-            idempotent_append(
-                rejected,
-                lake.table_path(self.lake_root, lake.QUARANTINE),
-                f"{self.app_id}-quarantine",
-                batch_id,
-            )
-            new_events.unpersist()
-        finally:
-            parsed.unpersist()
+        # Decide new vs duplicate once, before writing anything: materialised here, the decision
+        # cannot be recomputed against a telemetry table this batch has already changed.
+        marked = self.mark_new_events(batch, telemetry_path).localCheckpoint(eager=True)
+        new_events = valid_events(marked.where(F.col("is_new")))
+        duplicates = marked.where(F.col("reason").isNull() & ~F.col("is_new")).withColumns(
+            {"reason": F.lit(c.REASON_DUPLICATE), "detail": F.lit("event_id already ingested")}
+        )
+        rejected = quarantined(marked).unionByName(quarantined(duplicates))
+        idempotent_append(new_events, telemetry_path, f"{self.app_id}-telemetry", batch_id)
+        idempotent_append(
+            rejected,
+            lake.table_path(self.lake_root, lake.QUARANTINE),
+            f"{self.app_id}-quarantine",
+            batch_id,
+        )
 
-    def _new_events(
-        self, spark: object, valid: DataFrame, telemetry_path: str, low: object, high: object
-    ) -> DataFrame:
-        """Originals of this batch whose event_id is not yet in ``telemetry``."""
-        session = valid.sparkSession
+    def mark_new_events(self, batch: DataFrame, telemetry_path: str) -> DataFrame:
+        """``parse_events`` output plus ``is_new``: the first copy of an event_id not yet in
+        ``telemetry`` (within the dedup horizon)."""
+        parsed = parse_events(batch).localCheckpoint(eager=True)
+        valid = valid_events(parsed)
+        bounds = valid.agg(F.min("event_time"), F.max("event_time")).first()
+        if bounds is None or bounds[0] is None:
+            return parsed.withColumn("is_new", F.lit(False))
+        horizon_start = F.current_timestamp() - F.expr(f"INTERVAL {self.dedup_horizon}")
         seen = (
-            session.read.format("delta")
+            parsed.sparkSession.read.format("delta")
             .load(telemetry_path)
             .where(
-                (F.col("event_time") >= F.greatest(
-                    F.lit(low), F.current_timestamp() - F.expr(f"INTERVAL {self.dedup_horizon}")))
-                & (F.col("event_time") <= F.lit(high))
+                (F.col("event_time") >= F.greatest(F.lit(bounds[0]), horizon_start))
+                & (F.col("event_time") <= F.lit(bounds[1]))
             )
             .select("event_id")
-        )  # fmt: skip
-        return first_of_each_event(valid).join(seen, "event_id", "left_anti")
+        )
+        new = (
+            first_of_each_event(valid)
+            .join(seen, "event_id", "left_anti")
+            .select(
+                F.col("kafka_topic").alias(col.TOPIC),
+                F.col("kafka_partition").alias(col.PARTITION),
+                F.col("kafka_offset").alias(col.OFFSET),
+                F.lit(True).alias("is_new"),
+            )
+        )
+        return parsed.join(new, [col.TOPIC, col.PARTITION, col.OFFSET], "left").withColumn(
+            "is_new", F.coalesce(F.col("is_new"), F.lit(False))
+        )

@@ -82,8 +82,8 @@ def check_topic(settings: PipelineSettings, timeout_s: float = 15.0) -> None:
 def feature_input(spark: SparkSession, lake_root: str) -> DataFrame:
     """Bronze events plus duplicate copies (``is_duplicate`` = 1), both read as Delta streams.
 
-    A duplicate is placed at the time it was sent (Kafka timestamp), not at the original's event
-    time: a replay of old messages shows up in the window in which it happened.
+    A duplicate counts in the windows of its event time, like every event: replays older than
+    the watermark are late here, and stay visible in ``quarantine`` (reason ``duplicate``).
     """
     events = (
         spark.readStream.format("delta")
@@ -96,7 +96,7 @@ def feature_input(spark: SparkSession, lake_root: str) -> DataFrame:
         .where(F.col("reason") == c.REASON_DUPLICATE)
         .select(
             "device_id",
-            F.col("kafka_timestamp").alias("event_time"),
+            "event_time",
             *(
                 F.lit(None).cast(t).alias(n)
                 for n, t in c.TELEMETRY_COLUMNS

@@ -1,0 +1,538 @@
+"""Read functions over the Delta lake and the one writer (analyst feedback).
+
+Every reader opens the latest version of its table with ``deltalake`` and scans it through a
+pyarrow dataset, so column selection and filters are pushed down to the Parquet files (file
+statistics skip whole files). A table that does not exist yet gives an empty frame with the
+contract's columns, so pages can show an empty state instead of an error. No Spark, no JVM.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from infra import contract as c
+from infra import lake
+
+log = logging.getLogger(__name__)
+
+# The features table has no contract of its own; these are the columns every version has.
+FEATURE_KEY_COLUMNS: c.Columns = (
+    ("device_id", "string"),
+    ("window_start", "timestamp"),
+    ("window_end", "timestamp"),
+    ("event_count", "long"),
+)
+CONTRACTS: dict[str, c.Columns] = {
+    lake.DEVICES: c.DEVICES_COLUMNS,
+    lake.TELEMETRY: c.TELEMETRY_COLUMNS,
+    lake.QUARANTINE: c.QUARANTINE_COLUMNS,
+    lake.FEATURES: FEATURE_KEY_COLUMNS,
+    lake.ALERTS: c.ALERTS_COLUMNS,
+    lake.ALERT_FEEDBACK: c.ALERT_FEEDBACK_COLUMNS,
+    lake.PIPELINE_METRICS: c.PIPELINE_METRICS_COLUMNS,
+    lake.GROUND_TRUTH: c.GROUND_TRUTH_COLUMNS,
+    lake.EVALUATION: c.EVALUATION_COLUMNS,
+}
+UTC_US = pa.timestamp("us", tz="UTC")
+SEVERITY_RANK = {name: rank for rank, name in enumerate(c.SEVERITIES)}
+
+
+# --- Generic access ------------------------------------------------------------------------------
+def delta_uri(lake_root: str, table: str) -> str:
+    """Where ``deltalake`` finds ``table``; Hadoop's ``s3a://`` is plain ``s3://`` for delta-rs."""
+    path = lake.table_path(lake_root, table)
+    return "s3://" + path[len("s3a://") :] if path.startswith("s3a://") else path
+
+
+def open_table(lake_root: str, table: str) -> DeltaTable | None:
+    """The latest version of ``table``, or None when it does not exist yet."""
+    uri = delta_uri(lake_root, table)
+    if not lake.is_uri(uri) and not Path(uri).exists():
+        return None
+    try:
+        return DeltaTable(uri)
+    except TableNotFoundError:
+        return None
+
+
+def empty_frame(columns: c.Columns, only: Sequence[str] | None = None) -> pl.DataFrame:
+    """A zero-row frame with the contract's types (restricted to ``only`` when given)."""
+    wanted = [(n, t) for n, t in columns if only is None or n in only]
+    return _from_arrow(c.arrow_schema(tuple(wanted)).empty_table())
+
+
+def read_table(
+    lake_root: str,
+    table: str,
+    *,
+    columns: Sequence[str] | None = None,
+    where: ds.Expression | None = None,
+) -> pl.DataFrame:
+    """Read ``columns`` of the rows matching ``where``; both are pushed down to the files.
+
+    Args:
+        lake_root: Root of the lake (folder or URI).
+        table: A table name from ``infra.lake``.
+        columns: Columns to load; None loads all. Columns the table lacks are left out.
+        where: A ``pyarrow.dataset`` filter expression on columns the table has.
+
+    Returns:
+        The rows as a polars frame; an empty frame with the contract's columns when the table
+        does not exist or has no rows yet.
+    """
+    contract = CONTRACTS.get(table, ())
+    dt = open_table(lake_root, table)
+    if dt is None:
+        return empty_frame(contract, columns)
+    dataset = dt.to_pyarrow_dataset()
+    present = dataset.schema.names
+    wanted = list(present) if columns is None else [n for n in columns if n in present]
+    return _from_arrow(dataset.to_table(columns=wanted, filter=where))
+
+
+def table_exists(lake_root: str, table: str) -> bool:
+    return open_table(lake_root, table) is not None
+
+
+def _from_arrow(table: pa.Table) -> pl.DataFrame:
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+def _and(*parts: ds.Expression | None) -> ds.Expression | None:
+    result: ds.Expression | None = None
+    for part in parts:
+        if part is not None:
+            result = part if result is None else result & part
+    return result
+
+
+def time_filter(
+    column: str, since: datetime | None = None, until: datetime | None = None
+) -> ds.Expression | None:
+    """``since <= column < until``, either bound optional."""
+    lower = ds.field(column) >= pa.scalar(since, UTC_US) if since else None
+    upper = ds.field(column) < pa.scalar(until, UTC_US) if until else None
+    return _and(lower, upper)
+
+
+def in_filter(column: str, values: Sequence[str | None] | None) -> ds.Expression | None:
+    """``column IN values``; a None among the values also matches nulls; None means no filter."""
+    if values is None:
+        return None
+    present = [v for v in values if v is not None]
+    expr = ds.field(column).isin(present)
+    return expr | ds.field(column).is_null() if None in values else expr
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+# --- Alerts and feedback -------------------------------------------------------------------------
+def read_alerts(
+    lake_root: str,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    alert_types: Sequence[str] | None = None,
+    severities: Sequence[str] | None = None,
+    device_ids: Sequence[str] | None = None,
+    model_versions: Sequence[str | None] | None = None,
+    columns: Sequence[str] | None = None,
+) -> pl.DataFrame:
+    """Alerts whose window starts in ``[since, until)``, newest window first.
+
+    Each list argument restricts the rows to those values (None: no restriction); a None in
+    ``model_versions`` selects rule alerts, which have no model version.
+    """
+    where = _and(
+        time_filter("window_start", since, until),
+        in_filter("alert_type", alert_types),
+        in_filter("severity", severities),
+        in_filter("device_id", device_ids),
+        in_filter("model_version", model_versions),
+    )
+    frame = read_table(lake_root, lake.ALERTS, columns=columns, where=where)
+    order = [n for n in ("window_start", "detected_at", "alert_id") if n in frame.columns]
+    return frame.sort(order, descending=True, nulls_last=True) if order else frame
+
+
+def read_feedback(lake_root: str, alert_ids: Sequence[str] | None = None) -> pl.DataFrame:
+    """The latest verdict per alert (an analyst may change their mind; the last word counts)."""
+    frame = read_table(lake_root, lake.ALERT_FEEDBACK, where=in_filter("alert_id", alert_ids))
+    if frame.is_empty():
+        return frame
+    return (
+        frame.sort("created_at", nulls_last=False)
+        .group_by("alert_id", maintain_order=True)
+        .last()
+        .sort("created_at", descending=True)
+    )
+
+
+def with_feedback(alerts: pl.DataFrame, feedback: pl.DataFrame) -> pl.DataFrame:
+    """Alerts plus ``verdict``, ``note``, ``analyst`` and ``reviewed_at`` (null when open)."""
+    verdicts = feedback.select(
+        "alert_id", "verdict", "note", "analyst", pl.col("created_at").alias("reviewed_at")
+    )
+    return alerts.join(verdicts, on="alert_id", how="left")
+
+
+def open_alerts(alerts: pl.DataFrame, feedback: pl.DataFrame) -> pl.DataFrame:
+    """Alerts no analyst has given a verdict on yet."""
+    return alerts.join(feedback.select("alert_id"), on="alert_id", how="anti")
+
+
+def write_feedback(
+    lake_root: str,
+    alert_id: str,
+    verdict: str,
+    *,
+    note: str = "",
+    analyst: str = "",
+    now: datetime | None = None,
+) -> None:
+    """Append one verdict to ``alert_feedback`` (the alerts table is never touched).
+
+    Raises:
+        ValueError: ``verdict`` is not one of ``contract.VERDICTS`` or ``alert_id`` is empty.
+    """
+    if verdict not in c.VERDICTS:
+        raise ValueError(f"verdict must be one of {c.VERDICTS}, got {verdict!r}")
+    if not alert_id:
+        raise ValueError("alert_id is empty")
+    row = {
+        "alert_id": [alert_id],
+        "verdict": [verdict],
+        "note": [note],
+        "analyst": [analyst],
+        "created_at": [now or utcnow()],
+    }
+    table = pa.Table.from_pydict(row, schema=c.arrow_schema(c.ALERT_FEEDBACK_COLUMNS))
+    uri = delta_uri(lake_root, lake.ALERT_FEEDBACK)
+    if not lake.is_uri(uri):
+        lake.ensure_lake(lake_root)
+    write_deltalake(uri, table, mode="append")
+    log.info("feedback %s on alert %s by %s", verdict, alert_id, analyst or "?")
+
+
+def time_bucket(since: datetime | None, until: datetime | None) -> str:
+    """A polars ``truncate`` interval giving roughly 30 to 100 bars between the bounds."""
+    if since is None or until is None:
+        return "1h"
+    span = (until - since).total_seconds()
+    for every, seconds in (("1m", 60), ("5m", 300), ("15m", 900), ("1h", 3600), ("6h", 21600)):
+        if span / seconds <= 100:
+            return every
+    return "1d"
+
+
+def alert_timeline(alerts: pl.DataFrame, by: str, every: str) -> pl.DataFrame:
+    """Alert counts per ``every`` bucket of ``window_start`` and per value of ``by``."""
+    return (
+        alerts.filter(pl.col("window_start").is_not_null())
+        .group_by(pl.col("window_start").dt.truncate(every).alias("time"), by)
+        .agg(pl.len().alias("alerts"))
+        .sort("time", by)
+    )
+
+
+def feedback_quality(alerts: pl.DataFrame) -> pl.DataFrame:
+    """Per model version (``rules`` when none): reviewed alerts and analyst-confirmed precision.
+
+    Input: ``with_feedback`` output.
+    """
+    reviewed = alerts.filter(pl.col("verdict").is_not_null())
+    return (
+        reviewed.group_by(pl.col("model_version").fill_null("rules"))
+        .agg(
+            pl.len().alias("reviewed"),
+            (pl.col("verdict") == "true_positive").sum().alias("true_positive"),
+        )
+        .with_columns((pl.col("true_positive") / pl.col("reviewed")).alias("precision"))
+        .sort("model_version")
+    )
+
+
+# --- Fleet and telemetry -------------------------------------------------------------------------
+def read_devices(lake_root: str, device_ids: Sequence[str] | None = None) -> pl.DataFrame:
+    """The registry, one row per device (its latest ``updated_at``)."""
+    frame = read_table(lake_root, lake.DEVICES, where=in_filter("device_id", device_ids))
+    if frame.is_empty() or "updated_at" not in frame.columns:
+        return frame
+    return (
+        frame.sort("updated_at", nulls_last=False)
+        .group_by("device_id", maintain_order=True)
+        .last()
+        .sort("device_id")
+    )
+
+
+def read_telemetry(
+    lake_root: str,
+    device_id: str,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    columns: Sequence[str] | None = None,
+) -> pl.DataFrame:
+    """One device's events with ``event_time`` in ``[since, until)``, in time order."""
+    where = _and(in_filter("device_id", [device_id]), time_filter("event_time", since, until))
+    frame = read_table(lake_root, lake.TELEMETRY, columns=columns, where=where)
+    return frame.sort("event_time") if "event_time" in frame.columns else frame
+
+
+def last_positions(
+    lake_root: str, device_ids: Sequence[str], since: datetime | None = None
+) -> pl.DataFrame:
+    """``device_id, lat, lon, event_time`` of each device's latest event with a position."""
+    if not device_ids:
+        return empty_frame(c.TELEMETRY_COLUMNS, ["device_id", "lat", "lon", "event_time"])
+    where = _and(
+        in_filter("device_id", device_ids),
+        time_filter("event_time", since),
+        ds.field("lat").is_valid() & ds.field("lon").is_valid(),
+    )
+    frame = read_table(
+        lake_root, lake.TELEMETRY, columns=["device_id", "lat", "lon", "event_time"], where=where
+    )
+    return frame.sort("event_time").group_by("device_id", maintain_order=True).last()
+
+
+def devices_reporting(lake_root: str, since: datetime | None) -> int:
+    """Distinct devices with at least one event since ``since``."""
+    dt = open_table(lake_root, lake.TELEMETRY)
+    if dt is None:
+        return 0
+    table = dt.to_pyarrow_dataset().to_table(
+        columns=["device_id"], filter=time_filter("event_time", since)
+    )
+    return int(pc.count_distinct(table.column("device_id")).as_py())
+
+
+def count_rows(lake_root: str, table: str, where: ds.Expression | None = None) -> int:
+    """Rows of ``table`` matching ``where`` (0 when the table does not exist)."""
+    dt = open_table(lake_root, table)
+    if dt is None:
+        return 0
+    return int(dt.to_pyarrow_dataset().count_rows(filter=where))
+
+
+def read_features(
+    lake_root: str,
+    device_id: str,
+    *,
+    window_start: datetime | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> pl.DataFrame:
+    """One device's feature rows: the window starting at ``window_start``, or a time range."""
+    exact = ds.field("window_start") == pa.scalar(window_start, UTC_US) if window_start else None
+    where = _and(
+        in_filter("device_id", [device_id]), exact, time_filter("window_start", since, until)
+    )
+    frame = read_table(lake_root, lake.FEATURES, where=where)
+    return frame.sort("window_start") if "window_start" in frame.columns else frame
+
+
+def as_field_table(row: dict[str, Any]) -> pl.DataFrame:
+    """A record shown as ``field, value`` rows, values as text (never rendered as markup)."""
+    return pl.DataFrame(
+        {"field": list(row), "value": [_as_text(v) for v in row.values()]},
+        schema={"field": pl.String, "value": pl.String},
+    )
+
+
+def _as_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.4g}"
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="seconds")
+    if isinstance(value, (list, tuple)):
+        return "; ".join(_as_text(v) for v in value)
+    return str(value)
+
+
+def downsample(
+    frame: pl.DataFrame, time_column: str, max_points: int = 1500, by: str | None = None
+) -> pl.DataFrame:
+    """Means of the numeric columns over equal time buckets, so a chart gets at most about
+    ``max_points`` points per ``by`` group; small frames are returned as they are."""
+    groups = frame[by].n_unique() if by else 1
+    if frame.height <= max_points * max(groups, 1):
+        return frame
+    span_s = frame.select(
+        (pl.col(time_column).max() - pl.col(time_column).min()).dt.total_seconds()
+    )
+    every = max(1, math.ceil(float(span_s.item()) / max_points))
+    numeric = [n for n, t in frame.schema.items() if t.is_numeric() and n != by]
+    return (
+        frame.sort(time_column)
+        .group_by_dynamic(time_column, every=f"{every}s", group_by=by)
+        .agg(pl.col(numeric).mean())
+        .sort(time_column)
+    )
+
+
+def map_points(
+    devices: pl.DataFrame, alerts: pl.DataFrame, positions: pl.DataFrame
+) -> pl.DataFrame:
+    """One point per device to draw: registered sites plus alerted devices not in the registry.
+
+    Output: ``device_id, device_type, lat, lon, registered, alerts, worst_severity``; devices
+    with no known position are left out.
+    """
+    counts = alerts.group_by("device_id").agg(
+        pl.len().alias("alerts"),
+        pl.col("severity")
+        .replace_strict(SEVERITY_RANK, default=-1, return_dtype=pl.Int64)
+        .max()
+        .alias("_rank"),
+    )
+    sites = devices.select(
+        "device_id",
+        "device_type",
+        pl.col("site_lat").alias("lat"),
+        pl.col("site_lon").alias("lon"),
+        pl.lit(True).alias("registered"),
+    )
+    unknown = positions.join(sites.select("device_id"), on="device_id", how="anti").select(
+        "device_id",
+        pl.lit(None, pl.String).alias("device_type"),
+        "lat",
+        "lon",
+        pl.lit(False).alias("registered"),
+    )
+    names = list(c.SEVERITIES)
+    return (
+        pl.concat([sites, unknown], how="vertical_relaxed")
+        .join(counts, on="device_id", how="left")
+        .with_columns(
+            pl.col("alerts").fill_null(0),
+            pl.col("_rank")
+            .map_elements(lambda r: names[r] if 0 <= r < len(names) else None, pl.String)
+            .alias("worst_severity"),
+        )
+        .drop("_rank")
+        .filter(pl.col("lat").is_not_null() & pl.col("lon").is_not_null())
+    )
+
+
+# --- Pipeline health and evaluation --------------------------------------------------------------
+def read_pipeline_metrics(lake_root: str, since: datetime | None = None) -> pl.DataFrame:
+    """Micro-batch progress in time order, with ``watermark_lag_s`` (batch time - watermark)."""
+    frame = read_table(lake_root, lake.PIPELINE_METRICS, where=time_filter("timestamp", since))
+    return frame.sort("timestamp").with_columns(
+        ((pl.col("timestamp") - pl.col("watermark")).dt.total_milliseconds() / 1000.0).alias(
+            "watermark_lag_s"
+        )
+    )
+
+
+def ingest_rate(metrics: pl.DataFrame, query: str) -> float | None:
+    """Input rows/s of the latest batch of ``query`` (any query when it has no rows)."""
+    rows = metrics.filter(pl.col("query_name") == query)
+    if rows.is_empty():
+        rows = metrics
+    rows = rows.drop_nulls("input_rows_per_second")
+    if rows.is_empty():
+        return None
+    return float(rows.sort("timestamp")["input_rows_per_second"][-1])
+
+
+def quarantine_by_reason(lake_root: str, since: datetime | None = None) -> pl.DataFrame:
+    """``reason, records`` of the quarantine since ``since`` (ingest time), most first."""
+    frame = read_table(
+        lake_root, lake.QUARANTINE, columns=["reason"], where=time_filter("ingest_time", since)
+    )
+    return (
+        frame.group_by("reason")
+        .agg(pl.len().cast(pl.Int64).alias("records"))
+        .sort(["records", "reason"], descending=[True, False])
+    )
+
+
+def latest_evaluation(lake_root: str) -> pl.DataFrame:
+    """The rows of the most recent ``evaluation`` run, one per scenario."""
+    frame = read_table(lake_root, lake.EVALUATION)
+    if frame.is_empty():
+        return frame
+    return frame.filter(pl.col("evaluated_at") == pl.col("evaluated_at").max()).sort("scenario")
+
+
+# --- Model registry ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelInfo:
+    """The champion version of a registered model and the metrics of the run that made it."""
+
+    name: str
+    version: str
+    run_id: str
+    created_at: datetime | None
+    aliases: tuple[str, ...] = ()
+    metrics: dict[str, float] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+
+
+def champion(tracking_uri: str, model_name: str, alias: str = "champion") -> ModelInfo | None:
+    """The version of ``model_name`` carrying ``alias``; None when there is no store or model.
+
+    A local SQLite store that does not exist is not created (reading must not write).
+    """
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[10:]).exists():
+        return None
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    try:
+        version = client.get_model_version_by_alias(model_name, alias)
+    except MlflowException as exc:
+        log.info("no %s@%s in %s: %s", model_name, alias, tracking_uri, exc)
+        return None
+    metrics: dict[str, float] = {}
+    params: dict[str, str] = {}
+    if version.run_id:
+        try:
+            run = client.get_run(version.run_id)
+            metrics, params = dict(run.data.metrics), dict(run.data.params)
+        except MlflowException as exc:
+            log.info("run %s of %s is gone: %s", version.run_id, model_name, exc)
+    created = (
+        datetime.fromtimestamp(version.creation_timestamp / 1000, timezone.utc)
+        if version.creation_timestamp
+        else None
+    )
+    return ModelInfo(
+        name=model_name,
+        version=str(version.version),
+        run_id=version.run_id or "",
+        created_at=created,
+        aliases=tuple(version.aliases or ()),
+        metrics=metrics,
+        params=params,
+    )
+
+
+def lookback(hours: float | None, now: datetime | None = None) -> datetime | None:
+    """The start of a range of ``hours`` ending ``now`` (None: no lower bound)."""
+    if hours is None:
+        return None
+    return (now or utcnow()) - timedelta(hours=hours)

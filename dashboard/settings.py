@@ -1,0 +1,62 @@
+"""Dashboard settings (prefix ``IOT_DASH_``), read from the environment at the edges."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from infra.mlflow_store import local_tracking_uri
+from infra.settings import CommonSettings, StackSettings
+
+log = logging.getLogger(__name__)
+
+MAP_STYLES = ("carto", "none")
+
+
+class DashboardSettings(CommonSettings):
+    """Where the app listens, how often it refreshes and what it shows."""
+
+    model_config = SettingsConfigDict(env_prefix="IOT_DASH_", extra="ignore", populate_by_name=True)
+
+    port: int = Field(default=8501, ge=1, le=65535, description="Port the Streamlit server uses")
+    address: str = Field(default="127.0.0.1", description="Address the Streamlit server binds")
+    refresh_seconds: float = Field(
+        default=10.0, ge=1.0, description="How often each page reloads its data (no full rerun)"
+    )
+    lookback_hours: float = Field(
+        default=24.0, gt=0, description="Default time range of the pages, ending now"
+    )
+    max_rows: int = Field(default=5000, ge=10, description="Most rows a table shows (newest first)")
+    model_name: str = Field(
+        default="iot-fraud",
+        validation_alias="IOT_MODEL_NAME",
+        description="Registered MLflow model whose champion the Model page shows",
+    )
+    ingest_query: str = Field(
+        default="ingest",
+        description="Name of the streaming query that reads Kafka (its rate is events/s)",
+    )
+    map_style: str = Field(
+        default="carto",
+        description="Map basemap: 'carto' (no API key, needs internet) or 'none' (offline)",
+    )
+    analyst: str = Field(default="", description="Default analyst name on the feedback form")
+    state_dir: Path = Field(
+        default_factory=lambda: StackSettings().state_dir,
+        validation_alias="IOT_STACK_STATE_DIR",
+        description="Local stack state folder, home of the default MLflow SQLite store",
+    )
+
+    @field_validator("map_style")
+    @classmethod
+    def _known_style(cls, value: str) -> str:
+        if value not in MAP_STYLES:
+            raise ValueError(f"map_style must be one of {', '.join(MAP_STYLES)}, got {value!r}")
+        return value
+
+    def tracking_uri(self) -> str:
+        """The MLflow URI to read the registry from: the configured one or the local store."""
+        return self.mlflow_tracking_uri or local_tracking_uri(self.state_dir)

@@ -1,0 +1,145 @@
+"""Widgets and charts the pages share: settings, the time range, empty states, tables, charts.
+
+Field values are only ever shown through ``st.dataframe``, ``st.text``, ``st.metric`` values and
+chart data, which render text; never through Markdown or HTML.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import altair as alt
+import polars as pl
+import streamlit as st
+
+from dashboard import data
+from dashboard.settings import DashboardSettings
+from infra import contract as c
+from infra.settings import load_settings
+
+log = logging.getLogger(__name__)
+
+# label -> hours (None: everything); the sidebar's time range applies to every page.
+RANGES: dict[str, float | None] = {
+    "Last 15 minutes": 0.25,
+    "Last hour": 1.0,
+    "Last 6 hours": 6.0,
+    "Last 24 hours": 24.0,
+    "Last 7 days": 168.0,
+    "All time": None,
+}
+RANGE_KEY = "time_range"
+DEVICE_KEY = "device_id"
+ALERT_KEY = "device_alert_id"
+FLASH_KEY = "flash"
+SEVERITY_COLORS = {"low": "#f2c94c", "medium": "#f2994a", "high": "#eb5757", "critical": "#8b0000"}
+
+
+def get_settings() -> DashboardSettings:
+    """The settings, from the environment (cheap, so read on every run rather than cached)."""
+    return load_settings(DashboardSettings)
+
+
+def range_picker(settings: DashboardSettings) -> None:
+    """The sidebar's time range; its default is the range closest to ``lookback_hours``."""
+    labels = list(RANGES)
+    default = min(
+        (label for label in labels if RANGES[label] is not None),
+        key=lambda label: abs((RANGES[label] or 0.0) - settings.lookback_hours),
+    )
+    st.sidebar.selectbox("Time range", labels, index=labels.index(default), key=RANGE_KEY)
+
+
+def time_window() -> tuple[datetime | None, datetime]:
+    """``(since, now)`` for the selected range, recomputed on each (fragment) run."""
+    label = st.session_state.get(RANGE_KEY) or "Last 24 hours"
+    now = data.utcnow()
+    return data.lookback(RANGES.get(label, 24.0), now), now
+
+
+def refreshing(settings: DashboardSettings, body: Callable[[], None]) -> None:
+    """Run ``body`` as a fragment that reruns itself every ``refresh_seconds``, alone."""
+    st.fragment(body, run_every=settings.refresh_seconds)()
+
+
+def updated_caption(settings: DashboardSettings) -> None:
+    now = data.utcnow().strftime("%H:%M:%S")
+    st.caption(f"Data as of {now} UTC, refreshed every {settings.refresh_seconds:g} s")
+
+
+def empty_state(what: str, table: str) -> None:
+    st.info(f"No {what} yet: the `{table}` table is empty or does not exist for this range.")
+
+
+def show_table(frame: pl.DataFrame, *, key: str | None = None, height: int | None = None) -> None:
+    """A read-only table; lists are joined into one text cell so every value reads as text."""
+    shown = frame.with_columns(
+        pl.col(name).list.join("; ")
+        for name, dtype in frame.schema.items()
+        if dtype == pl.List(pl.String)
+    )
+    kwargs: dict[str, Any] = {"hide_index": True, "width": "stretch"}
+    if height is not None:
+        kwargs["height"] = height
+    if key is not None:
+        kwargs["key"] = key
+    st.dataframe(shown.to_pandas(), **kwargs)
+
+
+def count_bars(timeline: pl.DataFrame, by: str, title: str) -> alt.Chart:
+    """A stacked bar chart of ``alerts`` per ``time`` bucket, coloured by ``by``."""
+    if by == "severity":
+        order = [s for s in c.SEVERITIES if s in set(timeline[by].to_list())]
+        color = alt.Color(
+            f"{by}:N",
+            sort=order,
+            scale=alt.Scale(domain=order, range=[SEVERITY_COLORS[s] for s in order]),
+        )
+    else:
+        color = alt.Color(f"{by}:N")
+    chart: alt.Chart = (
+        alt.Chart(timeline.to_pandas(), title=title)
+        .mark_bar()
+        .encode(
+            x=alt.X("time:T", title="window start (UTC)"),
+            y=alt.Y("alerts:Q", title="alerts", stack=True),
+            color=color,
+            tooltip=["time:T", f"{by}:N", "alerts:Q"],
+        )
+        .properties(height=260)
+    )
+    return chart
+
+
+def lines(
+    frame: pl.DataFrame, x: str, y: str, color: str, *, title: str, y_title: str
+) -> alt.Chart:
+    """A line chart of ``y`` over ``x``, one line per ``color``."""
+    chart: alt.Chart = (
+        alt.Chart(frame.select(x, y, color).to_pandas(), title=title)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X(f"{x}:T", title="time (UTC)"),
+            y=alt.Y(f"{y}:Q", title=y_title),
+            color=alt.Color(f"{color}:N"),
+            tooltip=[f"{x}:T", f"{color}:N", f"{y}:Q"],
+        )
+        .properties(height=240)
+    )
+    return chart
+
+
+def chart(figure: alt.Chart | alt.LayerChart | alt.FacetChart) -> None:
+    st.altair_chart(figure, width="stretch")
+
+
+def flash() -> None:
+    """Show (once) the message a previous action left for the next run."""
+    message = st.session_state.pop(FLASH_KEY, None)
+    if message:
+        st.success("Saved.")
+        # The message names the alert: a field value, so it is shown as plain text.
+        st.text(str(message))

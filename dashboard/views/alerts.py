@@ -1,0 +1,134 @@
+"""Alerts: the filterable list, one alert's reasons and window features, and analyst feedback."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import polars as pl
+import streamlit as st
+
+from dashboard import data, ui
+from infra import contract as c
+from infra import lake
+
+log = logging.getLogger(__name__)
+
+RULES = "rules (no model)"
+STATUSES = ("All", "Open", "Reviewed")
+LIST_COLUMNS = (
+    "window_start", "alert_type", "severity", "device_id", "score", "model_version", "verdict",
+    "reasons", "detected_at", "alert_id",
+)  # fmt: skip
+VERDICT_LABELS = {"true_positive": "True positive", "false_positive": "False positive"}
+
+settings = ui.get_settings()
+root = settings.lake_root
+st.title("Alerts")
+ui.flash()
+
+# The filters' choices come from the alerts in the range (two small columns only).
+since, now = ui.time_window()
+choices = data.read_alerts(root, since=since, columns=["device_id", "model_version"])
+filters = st.columns([2, 2, 2, 1, 1])
+types = filters[0].multiselect("Type", c.ALERT_TYPES, key="f_type")
+severities = filters[1].multiselect("Severity", c.SEVERITIES, key="f_severity")
+devices = filters[2].multiselect(
+    "Device", sorted(choices["device_id"].drop_nulls().unique().to_list()), key="f_device"
+)
+versions = filters[3].multiselect(
+    "Model version",
+    [RULES, *sorted(choices["model_version"].drop_nulls().unique().to_list())],
+    key="f_version",
+)
+status = filters[4].selectbox("Status", STATUSES, key="f_status")
+
+
+def filtered() -> pl.DataFrame:
+    """The alerts matching the filters, with their latest verdict."""
+    since, _ = ui.time_window()
+    alerts = data.read_alerts(
+        root,
+        since=since,
+        alert_types=types or None,
+        severities=severities or None,
+        device_ids=devices or None,
+        model_versions=[None if v == RULES else v for v in versions] or None,
+    )
+    alerts = data.with_feedback(alerts, data.read_feedback(root))
+    if status == "Open":
+        return alerts.filter(pl.col("verdict").is_null())
+    if status == "Reviewed":
+        return alerts.filter(pl.col("verdict").is_not_null())
+    return alerts
+
+
+def alert_list() -> None:
+    alerts = filtered()
+    if alerts.is_empty():
+        ui.empty_state("alerts matching these filters", lake.ALERTS)
+        return
+    st.caption(
+        f"{alerts.height} alerts, {alerts['verdict'].null_count()} open"
+        + (
+            f" (showing the newest {settings.max_rows})"
+            if alerts.height > settings.max_rows
+            else ""
+        )
+    )
+    ui.show_table(alerts.head(settings.max_rows).select(LIST_COLUMNS), height=320)
+    ui.updated_caption(settings)
+
+
+ui.refreshing(settings, alert_list)
+
+st.header("Alert detail")
+alerts = filtered()
+if alerts.is_empty():
+    st.stop()
+labels = {
+    row["alert_id"]: f"{row['window_start']:%Y-%m-%d %H:%M} · {row['alert_type']} · "
+    f"{row['severity']} · {row['device_id']} · {row['alert_id']}"
+    for row in alerts.head(settings.max_rows).iter_rows(named=True)
+}
+alert_id = st.selectbox("Alert", list(labels), format_func=labels.__getitem__, key="alert_id")
+alert: dict[str, Any] = alerts.filter(pl.col("alert_id") == alert_id).row(0, named=True)
+
+cols = st.columns(4)
+cols[0].metric("Type", str(alert["alert_type"]))
+cols[1].metric("Severity", str(alert["severity"]))
+cols[2].metric("Score", "n/a" if alert["score"] is None else f"{alert['score']:.2f}")
+cols[3].metric("Verdict", VERDICT_LABELS.get(alert["verdict"] or "", "open"))
+
+left, right = st.columns(2)
+with left:
+    st.subheader("Reasons")
+    # Reasons come from the data: plain text, never Markdown or HTML.
+    st.text("\n".join(f"- {reason}" for reason in alert["reasons"] or []) or "(none recorded)")
+    st.subheader("Alert")
+    ui.show_table(data.as_field_table({k: v for k, v in alert.items() if k != "reasons"}))
+with right:
+    st.subheader("Window features")
+    features = data.read_features(root, alert["device_id"], window_start=alert["window_start"])
+    if features.is_empty():
+        ui.empty_state("features for this window", lake.FEATURES)
+    else:
+        ui.show_table(data.as_field_table(features.row(0, named=True)), height=420)
+
+if st.button("Open this device", icon=":material/sensors:"):
+    st.session_state[ui.DEVICE_KEY] = alert["device_id"]
+    st.session_state[ui.ALERT_KEY] = alert["alert_id"]
+    st.switch_page("views/device.py")
+
+st.subheader("Feedback")
+with st.form("feedback", clear_on_submit=True):
+    verdict = st.radio(
+        "Verdict", c.VERDICTS, format_func=VERDICT_LABELS.__getitem__, horizontal=True
+    )
+    note = st.text_area("Note", max_chars=2000)
+    analyst = st.text_input("Analyst", value=settings.analyst)
+    submitted = st.form_submit_button("Save verdict", type="primary")
+if submitted and verdict:
+    data.write_feedback(root, alert["alert_id"], verdict, note=note, analyst=analyst)
+    st.session_state[ui.FLASH_KEY] = f"{VERDICT_LABELS[verdict]} saved for {alert['alert_id']}"
+    st.rerun()

@@ -1,0 +1,96 @@
+"""Map: registered devices at their sites and alerted devices, coloured by their worst alert.
+
+The basemap is Carto's (no API key); with ``IOT_DASH_MAP_STYLE=none`` the map needs no network.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import polars as pl
+import pydeck as pdk
+import streamlit as st
+
+from dashboard import data, ui
+from infra import lake
+
+log = logging.getLogger(__name__)
+
+# RGBA per worst severity; devices without alerts are grey.
+COLORS = {
+    "low": [242, 201, 76, 220],
+    "medium": [242, 153, 74, 220],
+    "high": [235, 87, 87, 230],
+    "critical": [139, 0, 0, 240],
+}
+NO_ALERT = [120, 130, 140, 160]
+
+settings = ui.get_settings()
+root = settings.lake_root
+st.title("Map")
+
+
+def deck(points: pl.DataFrame) -> pdk.Deck:
+    shown = points.with_columns(
+        pl.col("worst_severity")
+        .map_elements(lambda s: COLORS.get(s, NO_ALERT), return_dtype=pl.List(pl.Int64))
+        .fill_null(pl.lit(NO_ALERT, dtype=pl.List(pl.Int64)))
+        .alias("color"),
+        (3000 + 2500 * pl.col("alerts").clip(0, 10)).alias("radius"),
+        pl.col("worst_severity").fill_null("none"),
+        pl.col("device_type").fill_null("unregistered"),
+    )
+    layer = pdk.Layer(
+        "ScatterplotLayer",
+        data=shown.to_pandas(),
+        get_position=["lon", "lat"],
+        get_fill_color="color",
+        get_radius="radius",
+        radius_min_pixels=5,
+        radius_max_pixels=40,
+        stroked=True,
+        get_line_color=[255, 255, 255, 200],
+        line_width_min_pixels=1,
+        pickable=True,
+    )
+    view = pdk.data_utils.compute_view(shown.select("lon", "lat").to_numpy().tolist(), 0.95)
+    view.zoom = min(view.zoom, 12)
+    carto = settings.map_style == "carto"
+    return pdk.Deck(
+        layers=[layer],
+        initial_view_state=view,
+        map_provider="carto" if carto else None,
+        map_style=pdk.map_styles.CARTO_LIGHT if carto else None,
+        # Text tooltips: field values are never interpreted as HTML.
+        tooltip={"text": "{device_id} ({device_type})\n{alerts} alerts, worst: {worst_severity}"},
+    )
+
+
+def fleet_map() -> None:
+    since, _ = ui.time_window()
+    devices = data.read_devices(root)
+    alerts = data.read_alerts(root, since=since, columns=["device_id", "severity"])
+    unregistered = sorted(
+        set(alerts["device_id"].drop_nulls().to_list()) - set(devices["device_id"].to_list())
+    )
+    positions = data.last_positions(root, unregistered, since)
+    points = data.map_points(devices, alerts, positions)
+    cols = st.columns(4)
+    cols[0].metric("Devices on the map", points.height)
+    cols[1].metric("With alerts", points.filter(pl.col("alerts") > 0).height)
+    cols[2].metric("Not in the registry", points.filter(~pl.col("registered")).height)
+    cols[3].metric("Alerts in range", alerts.height)
+    ui.updated_caption(settings)
+    if points.is_empty():
+        ui.empty_state("devices with a known position", lake.DEVICES)
+        return
+    st.pydeck_chart(deck(points), height=520)
+    st.caption(
+        "Grey: no alert in the range; yellow, orange, red, dark red: worst alert low, medium, "
+        "high, critical; size grows with the number of alerts. Registered devices are drawn at "
+        "their site, unregistered ones at their last reported position."
+    )
+    ui.show_table(points.sort(["alerts", "device_id"], descending=[True, False]), height=260)
+
+
+ui.refreshing(settings, fleet_map)

@@ -1,0 +1,87 @@
+"""Model: the champion version and its metrics, detection quality and analyst verdicts."""
+
+from __future__ import annotations
+
+import logging
+
+import altair as alt
+import streamlit as st
+
+from dashboard import data, ui
+from infra import lake
+
+log = logging.getLogger(__name__)
+
+settings = ui.get_settings()
+root = settings.lake_root
+st.title("Model")
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def champion(tracking_uri: str, model_name: str) -> data.ModelInfo | None:
+    # Cached for a minute: the registry changes rarely and mlflow calls are slow.
+    try:
+        return data.champion(tracking_uri, model_name)
+    except Exception:
+        # An unreachable server must not take the page down; the reason goes to the log.
+        log.exception("cannot read the MLflow registry at %s", tracking_uri)
+        return None
+
+
+def model() -> None:
+    info = champion(settings.tracking_uri(), settings.model_name)
+    st.subheader("Champion")
+    if info is None:
+        st.info("No champion model: nothing is registered under this name with the alias "
+                "`champion`, or the MLflow store is not reachable.")  # fmt: skip
+        st.text(f"model: {settings.model_name}\nstore: {settings.tracking_uri()}")
+    else:
+        cols = st.columns(4)
+        cols[0].metric("Model", info.name)
+        cols[1].metric("Champion version", info.version)
+        cols[2].metric(
+            "Registered", "n/a" if info.created_at is None else f"{info.created_at:%Y-%m-%d %H:%M}"
+        )
+        cols[3].metric("Aliases", ", ".join(info.aliases) or "none")
+        left, right = st.columns(2)
+        with left:
+            st.caption("Training metrics")
+            ui.show_table(data.as_field_table(dict(sorted(info.metrics.items()))))
+        with right:
+            st.caption(f"Parameters (run {info.run_id})")
+            ui.show_table(data.as_field_table(dict(sorted(info.params.items()))))
+
+    st.subheader("Detection quality against ground truth")
+    evaluation = data.latest_evaluation(root)
+    if evaluation.is_empty():
+        ui.empty_state("evaluation (run `iotfraud eval`)", lake.EVALUATION)
+    else:
+        st.caption(f"Evaluated at {evaluation['evaluated_at'][0]:%Y-%m-%d %H:%M} UTC")
+        scores = evaluation.unpivot(["precision", "recall", "f1"], index="scenario")
+        bars = (
+            alt.Chart(scores.to_pandas(), title="Per scenario")
+            .mark_bar()
+            .encode(
+                x=alt.X("scenario:N", title=None),
+                xOffset="variable:N",
+                y=alt.Y("value:Q", title="score", scale=alt.Scale(domain=[0, 1])),
+                color=alt.Color("variable:N", title="metric"),
+                tooltip=["scenario:N", "variable:N", "value:Q"],
+            )
+            .properties(height=260)
+        )
+        ui.chart(bars)
+        ui.show_table(evaluation.drop("evaluated_at"))
+
+    st.subheader("Analyst verdicts by model version")
+    since, _ = ui.time_window()
+    alerts = data.read_alerts(root, since=since, columns=["alert_id", "model_version"])
+    quality = data.feedback_quality(data.with_feedback(alerts, data.read_feedback(root)))
+    if quality.is_empty():
+        ui.empty_state("verdicts on alerts in this range", lake.ALERT_FEEDBACK)
+    else:
+        ui.show_table(quality)
+    ui.updated_caption(settings)
+
+
+ui.refreshing(settings, model)

@@ -1,0 +1,346 @@
+"""Fixture lakes for the dashboard tests, written with ``deltalake`` as the pipeline would.
+
+``build_lake`` writes a small, fully known lake (times relative to ``now``) and returns the
+numbers the pages must show; ``register_champion`` puts a champion model in an MLflow store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta, timezone
+from typing import Any
+
+import pyarrow as pa
+from deltalake import write_deltalake
+
+from infra import contract as c
+from infra import lake
+
+MODEL_NAME = "iot-fraud"
+# A reason that would be markup if rendered as HTML/Markdown: the page must show it as text.
+MARKUP_REASON = "<b>power_w_mean</b> below 0.2 x expected"
+
+DEVICES = (
+    # device_id, type, owner, address, lat, lon, firmware
+    (
+        "meter-001",
+        "smart_meter",
+        "Ada Lovelace",
+        "Unter den Linden 1, Berlin",
+        52.517,
+        13.389,
+        "2.1.0",
+    ),
+    ("tracker-002", "gps_tracker", "Fleet GmbH", "Marienplatz 8, Munich", 48.137, 11.575, "1.4.2"),
+    (
+        "thermo-003",
+        "thermostat",
+        "Grace Hopper",
+        "Jungfernstieg 7, Hamburg",
+        53.553,
+        9.993,
+        "0.9.1",
+    ),
+)
+ROGUE = "rogue-999"
+
+
+@dataclass
+class FixtureLake:
+    """What was written, and the numbers a page must show for it."""
+
+    root: str
+    now: datetime
+    alerts: list[dict[str, Any]]
+    feedback: list[dict[str, Any]]
+    telemetry_rows: int
+    quarantine_by_reason: dict[str, int]
+    late_rows: int
+    ingest_rate_latest: float
+    devices_reporting: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def open_alerts(self) -> int:
+        reviewed = {f["alert_id"] for f in self.feedback}
+        return sum(1 for a in self.alerts if a["alert_id"] not in reviewed)
+
+
+def _write(root: str, table: str, columns: c.Columns, rows: list[dict[str, Any]]) -> None:
+    schema = c.arrow_schema(columns)
+    data = pa.Table.from_pylist(rows, schema=schema)
+    write_deltalake(lake.table_path(root, table), data, mode="append")
+
+
+def build_lake(root: str, now: datetime | None = None) -> FixtureLake:
+    """Write every table of a small lake under ``root``; times end at ``now`` (default: now)."""
+    now = (now or datetime.now(timezone.utc)).replace(microsecond=0)
+    start = now - timedelta(hours=1)
+
+    devices = [
+        {
+            "device_id": d,
+            "device_type": t,
+            "owner": o,
+            "site_address": a,
+            "site_lat": la,
+            "site_lon": lo,
+            "expected_firmware": fw,
+            "plan": "standard",
+            "install_date": date(2024, 3, 1),
+            "status": "active",
+            "updated_at": start,
+        }
+        for d, t, o, a, la, lo, fw in DEVICES
+    ]
+    _write(root, lake.DEVICES, c.DEVICES_COLUMNS, devices)
+
+    telemetry = []
+    positions = {d[0]: (d[4], d[5]) for d in DEVICES[:2]} | {ROGUE: (50.11, 8.68)}
+    for device_id, (lat, lon) in positions.items():
+        for i in range(60):
+            at = start + timedelta(minutes=i)
+            # meter-001's power collapses for the last 10 minutes: the tampering alert's window.
+            power = 80.0 if device_id == "meter-001" and i >= 50 else 460.0
+            telemetry.append(
+                {
+                    "event_id": f"{device_id}-{i}",
+                    "device_id": device_id,
+                    "event_time": at,
+                    "seq": i,
+                    "firmware": "2.1.0",
+                    "lat": lat,
+                    "lon": lon,
+                    "temperature_c": 20.0 + i % 5,
+                    "voltage_v": 230.0,
+                    "current_a": 2.0,
+                    "power_w": power,
+                    "humidity_pct": None,
+                    "battery_pct": None,
+                    "signal_dbm": -70.0,
+                    "extra": None,
+                    "kafka_topic": "iot.telemetry",
+                    "kafka_partition": 0,
+                    "kafka_offset": len(telemetry),
+                    "kafka_timestamp": at,
+                    "ingest_time": at + timedelta(seconds=1),
+                }
+            )
+    _write(root, lake.TELEMETRY, c.TELEMETRY_COLUMNS, telemetry)
+
+    def alert(
+        n: int, device: str, type_: str, severity: str, minutes_ago: int, **kw: Any
+    ) -> dict[str, Any]:
+        ws = now - timedelta(minutes=minutes_ago)
+        return {
+            "alert_id": f"alert-{n:03d}",
+            "device_id": device,
+            "alert_type": type_,
+            "severity": severity,
+            "score": kw.get("score", 0.9),
+            "reasons": kw.get("reasons", [f"{type_} rule fired"]),
+            "model_name": kw.get("model_name"),
+            "model_version": kw.get("model_version"),
+            "window_start": ws,
+            "window_end": ws + timedelta(minutes=10),
+            "first_event_time": ws,
+            "last_event_time": ws + timedelta(minutes=9),
+            "detected_at": ws + timedelta(minutes=10, seconds=5),
+            "batch_id": n,
+        }
+
+    alerts = [
+        alert(
+            1,
+            "meter-001",
+            "tampering",
+            "critical",
+            10,
+            reasons=[MARKUP_REASON, "power_ratio_mean 0.17"],
+        ),
+        alert(
+            2,
+            "meter-001",
+            "model_anomaly",
+            "high",
+            10,
+            model_name=MODEL_NAME,
+            model_version="3",
+            score=0.97,
+        ),
+        alert(3, "tracker-002", "impossible_travel", "high", 30, reasons=["speed 2400 km/h"]),
+        alert(4, ROGUE, "rogue_device", "medium", 40, reasons=["device not in registry"]),
+        alert(5, "tracker-002", "flood", "low", 50),
+        alert(
+            6,
+            "meter-001",
+            "model_anomaly",
+            "medium",
+            55,
+            model_name=MODEL_NAME,
+            model_version="2",
+            score=0.71,
+        ),
+    ]
+    _write(root, lake.ALERTS, c.ALERTS_COLUMNS, alerts)
+
+    feedback = [
+        {
+            "alert_id": "alert-005",
+            "verdict": "false_positive",
+            "note": "maintenance burst",
+            "analyst": "kim",
+            "created_at": now - timedelta(minutes=5),
+        },
+    ]
+    _write(root, lake.ALERT_FEEDBACK, c.ALERT_FEEDBACK_COLUMNS, feedback)
+
+    features = []
+    windows = {(a["device_id"], a["window_start"]): a for a in alerts}
+    for a in windows.values():
+        row: dict[str, Any] = {
+            "device_id": a["device_id"],
+            "window_start": a["window_start"],
+            "window_end": a["window_end"],
+            "event_count": 10,
+            "seq_gap_count": 0,
+            "duplicate_count": 0,
+            "max_distance_km": 0.1,
+            "implied_speed_kmh": None,
+            "firmware_mismatch_count": 0,
+            "registered": a["device_id"] != ROGUE,
+            "device_type": "smart_meter",
+        }
+        for metric in c.METRICS:
+            for stat in ("mean", "std", "min", "max"):
+                row[f"{metric}_{stat}"] = 80.0 if metric == "power_w" else 1.0
+        features.append(row)
+    features_schema = pa.Table.from_pylist(features).schema
+    features_schema = features_schema.set(
+        features_schema.get_field_index("implied_speed_kmh"),
+        pa.field("implied_speed_kmh", pa.float64()),
+    )
+    for name in ("window_start", "window_end"):
+        i = features_schema.get_field_index(name)
+        features_schema = features_schema.set(i, pa.field(name, pa.timestamp("us", tz="UTC")))
+    write_deltalake(
+        lake.table_path(root, lake.FEATURES),
+        pa.Table.from_pylist(features, schema=features_schema),
+        mode="append",
+    )
+
+    metrics = []
+    for query, rate in (("ingest", 3.0), ("features", 2.5)):
+        for b in range(12):
+            at = start + timedelta(minutes=5 * b)
+            metrics.append(
+                {
+                    "query_name": query,
+                    "run_id": "run-1",
+                    "batch_id": b,
+                    "timestamp": at,
+                    "num_input_rows": 15,
+                    "input_rows_per_second": rate + b / 10,
+                    "processed_rows_per_second": rate + 1,
+                    "batch_duration_ms": 800 + 10 * b,
+                    "watermark": at - timedelta(minutes=2),
+                    "state_rows": 100 + b,
+                    "late_rows_dropped": 1 if query == "features" and b % 4 == 0 else 0,
+                }
+            )
+    _write(root, lake.PIPELINE_METRICS, c.PIPELINE_METRICS_COLUMNS, metrics)
+
+    quarantine = []
+    for reason, n in (("invalid_json", 3), ("duplicate", 2)):
+        for i in range(n):
+            quarantine.append(
+                {
+                    "raw_value": b"{not json",
+                    "raw_key": "meter-001",
+                    "reason": reason,
+                    "detail": "test",
+                    "device_id": None,
+                    "event_id": None,
+                    "event_time": None,
+                    "kafka_topic": "iot.telemetry",
+                    "kafka_partition": 0,
+                    "kafka_offset": i,
+                    "kafka_timestamp": now - timedelta(minutes=i + 1),
+                    "ingest_time": now - timedelta(minutes=i + 1),
+                }
+            )
+    _write(root, lake.QUARANTINE, c.QUARANTINE_COLUMNS, quarantine)
+
+    evaluation = [
+        {
+            "evaluated_at": now - timedelta(days=1),
+            "scenario": "tampering",
+            "injected": 4,
+            "detected": 1,
+            "alerts": 1,
+            "true_positive_alerts": 1,
+            "precision": 1.0,
+            "recall": 0.25,
+            "f1": 0.4,
+            "median_time_to_detect_s": 300.0,
+        },
+        {
+            "evaluated_at": now,
+            "scenario": "tampering",
+            "injected": 4,
+            "detected": 3,
+            "alerts": 5,
+            "true_positive_alerts": 4,
+            "precision": 0.8,
+            "recall": 0.75,
+            "f1": 0.774,
+            "median_time_to_detect_s": 95.0,
+        },
+        {
+            "evaluated_at": now,
+            "scenario": "impossible_travel",
+            "injected": 2,
+            "detected": 2,
+            "alerts": 2,
+            "true_positive_alerts": 2,
+            "precision": 1.0,
+            "recall": 1.0,
+            "f1": 1.0,
+            "median_time_to_detect_s": 61.0,
+        },
+    ]
+    _write(root, lake.EVALUATION, c.EVALUATION_COLUMNS, evaluation)
+
+    return FixtureLake(
+        root=root,
+        now=now,
+        alerts=alerts,
+        feedback=feedback,
+        telemetry_rows=len(telemetry),
+        quarantine_by_reason={"invalid_json": 3, "duplicate": 2},
+        late_rows=3,
+        ingest_rate_latest=3.0 + 11 / 10,
+        devices_reporting=len(positions),
+    )
+
+
+def register_champion(tracking_uri: str, metrics: dict[str, float] | None = None) -> str:
+    """Register two versions of MODEL_NAME, the second with alias ``champion``; its version."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    experiment = client.create_experiment("dashboard-test")
+    client.create_registered_model(MODEL_NAME)
+    version = ""
+    for i in range(2):
+        run = client.create_run(experiment)
+        for key, value in (metrics or {"pr_auc": 0.91, "f1": 0.84}).items():
+            client.log_metric(run.info.run_id, key, value - 0.1 * (1 - i))
+        client.log_param(run.info.run_id, "model", "isolation_forest")
+        client.set_terminated(run.info.run_id)
+        mv = client.create_model_version(
+            MODEL_NAME, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id
+        )
+        version = str(mv.version)
+    client.set_registered_model_alias(MODEL_NAME, "champion", version)
+    return version

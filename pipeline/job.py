@@ -25,6 +25,7 @@ from pipeline.detection import FeaturesBatchWriter
 from pipeline.features import features_from_events
 from pipeline.ingest import IngestBatchWriter
 from pipeline.metrics import MetricsListener
+from pipeline.scoring import ModelScorer
 from pipeline.settings import PipelineSettings
 from pipeline.sinks import ensure_tables
 from pipeline.sources import raw_source
@@ -79,6 +80,15 @@ def check_topic(settings: PipelineSettings, timeout_s: float = 15.0) -> None:
         )
 
 
+def model_scorer(settings: PipelineSettings) -> ModelScorer:
+    """Follow the registered model; the local SQLite store when no MLflow URI is set."""
+    from infra.mlflow_store import local_tracking_uri
+    from infra.settings import StackSettings
+
+    uri = settings.mlflow_tracking_uri or local_tracking_uri(StackSettings().state_dir)
+    return ModelScorer(uri, settings.model_name, settings.model_alias)
+
+
 def feature_input(spark: SparkSession, lake_root: str) -> DataFrame:
     """Bronze events plus duplicate copies (``is_duplicate`` = 1), both read as Delta streams.
 
@@ -115,6 +125,7 @@ class Pipeline:
     spark: SparkSession
     settings: PipelineSettings
     listener: MetricsListener
+    scorer: ModelScorer | None = None
     queries: list[StreamingQuery] = field(default_factory=list)
 
     def checkpoint(self, query: str) -> str:
@@ -145,7 +156,7 @@ class Pipeline:
             slide=s.slide,
             watermark=s.watermark,
         )
-        writer = FeaturesBatchWriter(s.lake_root)
+        writer = FeaturesBatchWriter(s.lake_root, self.scorer)
         query = self._writer(features, FEATURES).outputMode("update").foreachBatch(writer).start()
         self.queries.append(query)
         return query
@@ -170,7 +181,7 @@ def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
     ensure_tables(spark, settings.lake_root)
     listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS))
     spark.streams.addListener(listener)
-    pipeline = Pipeline(spark, settings, listener)
+    pipeline = Pipeline(spark, settings, listener, model_scorer(settings))
     pipeline.start_ingest()
     pipeline.start_features()
     return pipeline
@@ -184,7 +195,7 @@ def run_available_now(spark: SparkSession, settings: PipelineSettings) -> Pipeli
     ensure_tables(spark, settings.lake_root)
     listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS))
     spark.streams.addListener(listener)
-    pipeline = Pipeline(spark, settings, listener)
+    pipeline = Pipeline(spark, settings, listener, model_scorer(settings))
     try:
         pipeline.start_ingest().awaitTermination()
         pipeline.start_features().awaitTermination()

@@ -1,0 +1,102 @@
+"""The registered model, loaded by alias and swapped when the alias moves.
+
+The Spark UDF is built once per model version, on the driver between micro-batches; each batch
+only asks the registry which version the alias points to (one small query).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipeline import columns as col
+from pipeline.rules import alert_id
+
+log = logging.getLogger(__name__)
+
+DEFAULT_THRESHOLD = 0.5
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    version: str
+    udf: Any
+    input_columns: tuple[str, ...]
+    threshold: float
+
+
+class ModelScorer:
+    """Follows ``models:/<name>@<alias>``; ``current`` returns the model to score with, or None."""
+
+    def __init__(self, tracking_uri: str, name: str, alias: str = "champion") -> None:
+        self.tracking_uri = tracking_uri
+        self.name = name
+        self.alias = alias
+        self._loaded: LoadedModel | None = None
+        self._said_missing = False
+
+    def current(self, spark: SparkSession) -> LoadedModel | None:
+        import mlflow
+        from mlflow.exceptions import MlflowException
+
+        mlflow.set_tracking_uri(self.tracking_uri)
+        mlflow.set_registry_uri(self.tracking_uri)
+        client = mlflow.MlflowClient(self.tracking_uri, registry_uri=self.tracking_uri)
+        try:
+            version = str(client.get_model_version_by_alias(self.name, self.alias).version)
+        except MlflowException:
+            if not self._said_missing:
+                log.warning(
+                    "no model registered as %s@%s: running rules only", self.name, self.alias
+                )
+                self._said_missing = True
+            self._loaded = None
+            return None
+        self._said_missing = False
+        if self._loaded is not None and self._loaded.version == version:
+            return self._loaded
+        # Pin the version just looked up: the alias may move again while we load.
+        uri = f"models:/{self.name}/{version}"
+        info = mlflow.models.get_model_info(uri)
+        signature = info.signature
+        if signature is None:
+            raise ValueError(f"model {uri} has no signature; register it with one")
+        inputs = tuple(signature.inputs.input_names())
+        threshold = float((info.metadata or {}).get("threshold", DEFAULT_THRESHOLD))
+        udf = mlflow.pyfunc.spark_udf(spark, uri, result_type="double", env_manager="local")
+        log.info("scoring with %s version %s (threshold %.3f)", self.name, version, threshold)
+        self._loaded = LoadedModel(self.name, version, udf, inputs, threshold)
+        return self._loaded
+
+
+def model_alerts(features: DataFrame, model: LoadedModel) -> DataFrame:
+    """Score each window; windows at or above the model's threshold become ``model_anomaly``.
+
+    Input: ``window_features`` output with the model's input columns. Output: the alert columns
+    of ``rule_alerts`` plus model_name and model_version.
+    """
+    inputs: list[Column] = [F.col(name).cast("double").alias(name) for name in model.input_columns]
+    scored = features.withColumn("_score", model.udf(F.struct(*inputs)))
+    return scored.where(F.col("_score") >= model.threshold).select(
+        alert_id(F.col("device_id"), F.lit("model_anomaly"), F.col(col.WINDOW_START)).alias(
+            "alert_id"
+        ),
+        "device_id",
+        F.lit("model_anomaly").alias("alert_type"),
+        F.when(F.col("_score") >= 0.9, "high").otherwise("medium").alias("severity"),
+        F.col("_score").alias("score"),
+        F.array(
+            F.format_string(
+                "model %s v%s scored %.2f (threshold %.2f)",
+                F.lit(model.name), F.lit(model.version), F.col("_score"), F.lit(model.threshold),
+            )
+        ).alias("reasons"),
+        col.WINDOW_START, col.WINDOW_END, "first_event_time", "last_event_time",
+        F.lit(model.name).alias("model_name"),
+        F.lit(model.version).alias("model_version"),
+    )  # fmt: skip

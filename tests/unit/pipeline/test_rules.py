@@ -1,0 +1,109 @@
+"""Each rule fires on its scenario and stays silent on clean data (feature code + rules, batch)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from infra import contract as c
+from pipeline.features import features_from_events
+from pipeline.rules import rule_alerts
+from tests.pipeline_helpers import device_series
+
+START = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
+REGISTERED = ["clean", "travel", "clone", "replay", "firmware", "flood", "stuck", "tamper"]
+
+
+def events_df(spark: Any, events: list[dict[str, Any]], duplicates: int = 0) -> Any:
+    rows = [
+        {**{k: v for k, v in e.items() if k != "metrics"}, **e["metrics"],
+         "event_time": datetime.fromisoformat(e["event_time"].replace("Z", "+00:00")),
+         "is_duplicate": 0}
+        for e in events
+    ]  # fmt: skip
+    rows += [{**rows[i], "is_duplicate": 1} for i in range(duplicates)]
+    schema = ", ".join(
+        ["event_id string", "device_id string", "event_time timestamp", "seq long",
+         "firmware string", "lat double", "lon double"]
+        + [f"{m} double" for m in c.METRICS] + ["is_duplicate int"]
+    )  # fmt: skip
+    return spark.createDataFrame(
+        [{k: r.get(k) for k in [f.split()[0] for f in schema.split(", ")]} for r in rows], schema
+    )
+
+
+def registry_df(spark: Any) -> Any:
+    return spark.createDataFrame(
+        [(d, "smart_meter", 52.52, 13.40, "1.0.0", "active") for d in REGISTERED],
+        "device_id string, device_type string, site_lat double, site_lon double, "
+        "expected_firmware string, status string",
+    )
+
+
+@pytest.fixture(scope="module")
+def alerts(spark: Any) -> dict[str, set[str]]:
+    travel = device_series("travel", START, 20)
+    for e in travel[10:]:
+        e["lat"], e["lon"] = 40.4, -3.7  # Berlin to Madrid in 30 seconds
+    clone_a = device_series("clone", START, 20, every_s=30)
+    clone_b = device_series("clone", START + timedelta(seconds=15), 20, lat=52.53, lon=13.41)
+    stuck = device_series("stuck", START, 20, metrics={"temperature_c": 21.5})
+    tamper = device_series("tamper", START, 20)
+    for e in tamper:  # reported power drops to 30% of voltage x current
+        e["metrics"]["power_w"] = e["metrics"]["voltage_v"] * e["metrics"]["current_a"] * 0.3
+    parts = [
+        events_df(spark, device_series("clean", START, 20)),
+        events_df(spark, device_series("rogue", START, 20)),
+        events_df(spark, travel),
+        events_df(spark, clone_a + clone_b),
+        events_df(spark, device_series("replay", START, 20), duplicates=4),
+        events_df(spark, device_series("firmware", START, 20, firmware="6.6.6")),
+        events_df(spark, device_series("flood", START, 400, every_s=1.5)),
+        events_df(spark, stuck),
+        events_df(spark, tamper),
+    ]
+    events = parts[0]
+    for part in parts[1:]:
+        events = events.unionByName(part)
+    features = features_from_events(
+        events, registry_df(spark), window="10 minutes", slide="5 minutes"
+    )
+    found: dict[str, set[str]] = {}
+    for row in rule_alerts(features).collect():
+        found.setdefault(row.device_id, set()).add(row.alert_type)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("device", "alert_type"),
+    [("rogue", "rogue_device"), ("travel", "impossible_travel"), ("clone", "cloned_device"),
+     ("replay", "replay"), ("firmware", "firmware_mismatch"), ("flood", "flood"),
+     ("stuck", "stuck_sensor"), ("tamper", "tampering")],
+)  # fmt: skip
+def test_rule_fires_on_its_scenario(
+    alerts: dict[str, set[str]], device: str, alert_type: str
+) -> None:
+    assert alert_type in alerts.get(device, set())
+
+
+def test_clean_device_raises_nothing(alerts: dict[str, set[str]]) -> None:
+    assert "clean" not in alerts
+
+
+def test_each_scenario_raises_only_its_own_kind(alerts: dict[str, set[str]]) -> None:
+    assert alerts["firmware"] == {"firmware_mismatch"}
+    assert alerts["replay"] == {"replay"}
+    assert alerts["tamper"] == {"tampering"}
+    assert alerts["stuck"] == {"stuck_sensor"}
+
+
+def test_alert_ids_are_deterministic(spark: Any) -> None:
+    events = events_df(spark, device_series("rogue", START, 10))
+    features = features_from_events(
+        events, registry_df(spark), window="10 minutes", slide="5 minutes"
+    )
+    first = sorted(r.alert_id for r in rule_alerts(features).collect())
+    second = sorted(r.alert_id for r in rule_alerts(features).collect())
+    assert first == second and len(first) == len(set(first)) > 0

@@ -131,11 +131,12 @@ def time_filter(
 
 
 def in_filter(column: str, values: Sequence[str | None] | None) -> ds.Expression | None:
-    """``column IN values``; a None among the values also matches nulls; None means no filter."""
+    """``column IN values`` on a string column; a None value matches nulls; None: no filter."""
     if values is None:
         return None
     present = [v for v in values if v is not None]
-    expr = ds.field(column).isin(present)
+    # Typed so that an empty list means "nothing" rather than an untyped (null) set.
+    expr = ds.field(column).isin(pa.array(present, pa.string()))
     return expr | ds.field(column).is_null() if None in values else expr
 
 

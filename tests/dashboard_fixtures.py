@@ -95,7 +95,7 @@ def build_lake(root: str, now: datetime | None = None) -> FixtureLake:
     ]
     _write(root, lake.DEVICES, c.DEVICES_COLUMNS, devices)
 
-    telemetry = []
+    telemetry: list[dict[str, Any]] = []
     positions = {d[0]: (d[4], d[5]) for d in DEVICES[:2]} | {ROGUE: (50.11, 8.68)}
     for device_id, (lat, lon) in positions.items():
         for i in range(60):
@@ -195,7 +195,7 @@ def build_lake(root: str, now: datetime | None = None) -> FixtureLake:
     ]
     _write(root, lake.ALERT_FEEDBACK, c.ALERT_FEEDBACK_COLUMNS, feedback)
 
-    features = []
+    features: list[dict[str, Any]] = []
     windows = {(a["device_id"], a["window_start"]): a for a in alerts}
     for a in windows.values():
         row: dict[str, Any] = {
@@ -229,7 +229,7 @@ def build_lake(root: str, now: datetime | None = None) -> FixtureLake:
         mode="append",
     )
 
-    metrics = []
+    metrics: list[dict[str, Any]] = []
     for query, rate in (("ingest", 3.0), ("features", 2.5)):
         for b in range(12):
             at = start + timedelta(minutes=5 * b)
@@ -250,7 +250,7 @@ def build_lake(root: str, now: datetime | None = None) -> FixtureLake:
             )
     _write(root, lake.PIPELINE_METRICS, c.PIPELINE_METRICS_COLUMNS, metrics)
 
-    quarantine = []
+    quarantine: list[dict[str, Any]] = []
     for reason, n in (("invalid_json", 3), ("duplicate", 2)):
         for i in range(n):
             quarantine.append(

@@ -1,0 +1,210 @@
+"""The dashboard's pages in AppTest on fixture lakes: the numbers shown are the data's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import polars as pl
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from dashboard import data
+from infra import lake
+from tests.dashboard_fixtures import (
+    MARKUP_REASON,
+    ROGUE,
+    FixtureLake,
+    build_lake,
+    register_champion,
+)
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
+PAGES = ("overview", "alerts", "map", "device", "health", "model")
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def fixture_lake(tmp_path_factory: pytest.TempPathFactory) -> FixtureLake:
+    return build_lake(str(tmp_path_factory.mktemp("lake")))
+
+
+@pytest.fixture(scope="module")
+def mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A SQLite MLflow store with a champion; (tracking URI, champion version)."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    return uri, register_champion(uri)
+
+
+@pytest.fixture
+def app_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pytest.MonkeyPatch]:
+    """The app's settings come from the environment, as under ``iotfraud dashboard``."""
+    monkeypatch.setenv("IOT_STACK_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    monkeypatch.setenv("IOT_DASH_LOOKBACK_HOURS", "24")
+    yield monkeypatch
+
+
+def open_page(page: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    if page != "overview":
+        at.switch_page(f"views/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_overview_numbers_equal_the_data(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
+) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    at = open_page("overview")
+    shown = metrics(at)
+    assert shown["Open alerts"] == str(fixture_lake.open_alerts) == "5"
+    assert shown["Alerts"] == str(len(fixture_lake.alerts))
+    assert shown["Devices reporting"] == str(fixture_lake.devices_reporting)
+    assert shown["Quarantined"] == str(sum(fixture_lake.quarantine_by_reason.values()))
+    assert shown["Late rows dropped"] == str(fixture_lake.late_rows)
+    assert shown["Events/s"] == f"{fixture_lake.ingest_rate_latest:.1f}"
+    assert len(at.get("vega_lite_chart")) == 2
+    newest = at.dataframe[0].value
+    assert len(newest) == 5 and "alert-005" not in set(newest["alert_id"])
+
+
+def test_alert_filters_change_the_rows_shown(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
+) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    at = open_page("alerts")
+    assert len(at.dataframe[0].value) == len(fixture_lake.alerts)
+    at.multiselect(key="f_type").select("model_anomaly").run()
+    table = at.dataframe[0].value
+    assert sorted(table["alert_id"]) == ["alert-002", "alert-006"]
+    assert any("2 alerts, 2 open" in c.value for c in at.caption)
+    at.multiselect(key="f_version").select("3").run()
+    assert list(at.dataframe[0].value["alert_id"]) == ["alert-002"]
+    at.multiselect(key="f_type").unselect("model_anomaly")
+    at.multiselect(key="f_version").unselect("3")
+    at.selectbox(key="f_status").select("Reviewed").run()
+    assert list(at.dataframe[0].value["alert_id"]) == ["alert-005"]
+    at.selectbox(key="f_status").select("All")
+    at.multiselect(key="f_device").select(ROGUE).run()
+    assert list(at.dataframe[0].value["alert_id"]) == ["alert-004"]
+
+
+def test_alert_detail_shows_reasons_as_text_and_window_features(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
+) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    at = open_page("alerts")
+    at.selectbox(key="alert_id").select("alert-001").run()
+    assert metrics(at)["Type"] == "tampering"
+    assert any(MARKUP_REASON in t.value for t in at.text)
+    # Never through Markdown (which would render or sanitise the markup).
+    assert not any("<b>" in m.value for m in at.markdown)
+    features = {row["field"]: row["value"] for row in at.dataframe[2].value.to_dict("records")}
+    assert features["power_w_mean"] == "80"
+    assert features["device_id"] == "meter-001"
+
+
+def test_feedback_from_the_form_lands_in_alert_feedback(
+    app_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    root = str(tmp_path / "lake")
+    fixture = build_lake(root)
+    app_env.setenv("IOT_LAKE_ROOT", root)
+    at = open_page("alerts")
+    at.selectbox(key="alert_id").select("alert-003").run()
+    at.radio[0].set_value("true_positive")
+    at.text_area[0].input("confirmed: GPS spoofing, <script>x</script>")
+    at.text_input[0].input("ana")
+    next(b for b in at.button if b.label == "Save verdict").click().run()
+    assert not at.exception
+    assert any("True positive saved for alert-003" in t.value for t in at.text)
+
+    saved = data.read_table(root, lake.ALERT_FEEDBACK).filter(pl.col("alert_id") == "alert-003")
+    assert saved.select("verdict", "note", "analyst").rows() == [
+        ("true_positive", "confirmed: GPS spoofing, <script>x</script>", "ana")
+    ]
+    table = at.dataframe[0].value
+    assert table.loc[table["alert_id"] == "alert-003", "verdict"].tolist() == ["true_positive"]
+    at.switch_page("views/overview.py").run()
+    assert metrics(at)["Open alerts"] == str(fixture.open_alerts - 1)
+
+
+def test_device_page_shows_telemetry_registry_and_history(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
+) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    at = open_page("device")
+    at.selectbox(key="device_id").select("meter-001").run()
+    at.selectbox(key="device_alert_id").select("alert-001").run()
+    assert not at.exception
+    # Window 10 minutes ago + margins: the last 25 of meter-001's 60 one-minute readings.
+    assert any(c.value.startswith("25 events;") for c in at.caption)
+    charts = at.get("vega_lite_chart")
+    assert len(charts) == 5  # temperature, voltage, current, power, signal
+    history = at.dataframe[-1].value
+    assert sorted(history["alert_id"]) == ["alert-001", "alert-002", "alert-006"]
+    registry = {r["field"]: r["value"] for r in at.dataframe[0].value.to_dict("records")}
+    assert registry["site_address"] == "Unter den Linden 1, Berlin"
+
+    at.selectbox(key="device_id").select(ROGUE).run()
+    assert any("not in the registry" in w.value for w in at.warning)
+
+
+def test_map_and_health_numbers(app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    app_env.setenv("IOT_DASH_MAP_STYLE", "none")
+    at = open_page("map")
+    assert metrics(at) == {
+        "Devices on the map": "4",
+        "With alerts": "3",
+        "Not in the registry": "1",
+        "Alerts in range": "6",
+    }
+    at.switch_page("views/health.py").run()
+    shown = metrics(at)
+    assert shown["Batches"] == "24"
+    assert shown["Watermark lag"] == "120 s"
+    assert shown["Late rows dropped"] == "3"
+    assert shown["Quarantined"] == "5"
+    quarantine = at.dataframe[-1].value
+    assert dict(zip(quarantine["reason"], quarantine["records"], strict=True)) == {
+        "invalid_json": 3,
+        "duplicate": 2,
+    }
+
+
+def test_model_page_shows_champion_and_evaluation(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake, mlflow_store: tuple[str, str]
+) -> None:
+    uri, version = mlflow_store
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    app_env.setenv("MLFLOW_TRACKING_URI", uri)
+    at = open_page("model")
+    shown = metrics(at)
+    assert shown["Champion version"] == version == "2"
+    assert "champion" in shown["Aliases"]
+    training = {r["field"]: r["value"] for r in at.dataframe[0].value.to_dict("records")}
+    assert training == {"f1": "0.84", "pr_auc": "0.91"}
+    evaluation = at.dataframe[2].value
+    assert sorted(evaluation["scenario"]) == ["impossible_travel", "tampering"]
+    verdicts = at.dataframe[3].value
+    assert verdicts.to_dict("records") == [
+        {"model_version": "rules", "reviewed": 1, "true_positive": 0, "precision": 0.0}
+    ]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_has_an_empty_state_on_an_empty_lake(
+    app_env: pytest.MonkeyPatch, tmp_path: Path, page: str
+) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", str(tmp_path / "empty-lake"))
+    at = open_page(page)
+    assert not at.error
+    assert at.info or at.warning or page == "alerts"
+    assert not (tmp_path / "empty-lake").exists(), "reading must not create the lake"

@@ -1,0 +1,259 @@
+"""The dashboard's Delta readers and feedback writer on fixture tables written with deltalake."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from dashboard import data
+from infra import contract as c
+from infra import lake
+from tests.dashboard_fixtures import MARKUP_REASON, ROGUE, FixtureLake, build_lake
+
+
+@pytest.fixture(scope="module")
+def fixture_lake(tmp_path_factory: pytest.TempPathFactory) -> FixtureLake:
+    """One read-only lake for the module (tests that write build their own)."""
+    return build_lake(str(tmp_path_factory.mktemp("lake")))
+
+
+def test_missing_table_gives_empty_frame_with_contract_columns(tmp_path: Path) -> None:
+    frame = data.read_alerts(str(tmp_path / "nowhere"))
+    assert frame.is_empty()
+    assert frame.columns == c.column_names(c.ALERTS_COLUMNS)
+    assert frame.schema["window_start"] == pl.Datetime("us", "UTC")
+    assert data.read_feedback(str(tmp_path)).is_empty()
+    assert data.devices_reporting(str(tmp_path), None) == 0
+    assert data.count_rows(str(tmp_path), lake.QUARANTINE) == 0
+    assert data.latest_evaluation(str(tmp_path)).is_empty()
+    assert data.read_pipeline_metrics(str(tmp_path)).columns[-1] == "watermark_lag_s"
+
+
+def test_folder_without_delta_log_counts_as_missing(tmp_path: Path) -> None:
+    (tmp_path / lake.ALERTS).mkdir()
+    assert not data.table_exists(str(tmp_path), lake.ALERTS)
+    assert data.read_alerts(str(tmp_path), columns=["alert_id"]).columns == ["alert_id"]
+
+
+def test_existing_but_empty_table_gives_empty_frame(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    schema = c.arrow_schema(c.ALERTS_COLUMNS)
+    write_deltalake(lake.table_path(str(tmp_path), lake.ALERTS), schema.empty_table())
+    frame = data.read_alerts(str(tmp_path))
+    assert frame.is_empty()
+    assert frame.columns == c.column_names(c.ALERTS_COLUMNS)
+
+
+def test_only_requested_columns_are_loaded(fixture_lake: FixtureLake) -> None:
+    frame = data.read_alerts(fixture_lake.root, columns=["alert_id", "severity", "no_such"])
+    assert frame.columns == ["alert_id", "severity"]
+    assert frame.height == len(fixture_lake.alerts)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"alert_types": ["model_anomaly"]}, {"alert-002", "alert-006"}),
+        ({"severities": ["high", "critical"]}, {"alert-001", "alert-002", "alert-003"}),
+        ({"device_ids": [ROGUE]}, {"alert-004"}),
+        ({"model_versions": ["3"]}, {"alert-002"}),
+        ({"model_versions": [None]}, {"alert-001", "alert-003", "alert-004", "alert-005"}),
+        (
+            {"model_versions": [None, "2"]},
+            {"alert-001", "alert-003", "alert-004", "alert-005"} | {"alert-006"},
+        ),
+        ({"alert_types": ["model_anomaly"], "severities": ["medium"]}, {"alert-006"}),
+        ({"alert_types": []}, set()),
+    ],
+)
+def test_alert_filters(
+    fixture_lake: FixtureLake, kwargs: dict[str, list[str]], expected: set[str]
+) -> None:
+    frame = data.read_alerts(fixture_lake.root, **kwargs)  # type: ignore[arg-type]
+    assert set(frame["alert_id"]) == expected
+
+
+def test_alert_time_range_and_order(fixture_lake: FixtureLake) -> None:
+    now = fixture_lake.now
+    frame = data.read_alerts(fixture_lake.root, since=now - timedelta(minutes=35))
+    # Windows started 10 and 30 minutes ago; 40, 50, 55 minutes ago are out of range.
+    assert set(frame["alert_id"]) == {"alert-001", "alert-002", "alert-003"}
+    assert frame["window_start"].is_sorted(descending=True)
+    until = data.read_alerts(fixture_lake.root, until=now - timedelta(minutes=50))
+    assert set(until["alert_id"]) == {"alert-006"}
+
+
+def test_open_alerts_exclude_those_with_a_verdict(fixture_lake: FixtureLake) -> None:
+    alerts = data.read_alerts(fixture_lake.root)
+    feedback = data.read_feedback(fixture_lake.root)
+    open_ = data.open_alerts(alerts, feedback)
+    assert open_.height == fixture_lake.open_alerts == 5
+    assert "alert-005" not in set(open_["alert_id"])
+    joined = data.with_feedback(alerts, feedback)
+    assert joined.filter(pl.col("alert_id") == "alert-005")["verdict"].to_list() == [
+        "false_positive"
+    ]
+    assert joined["verdict"].null_count() == 5
+
+
+def test_feedback_is_appended_and_latest_verdict_wins(tmp_path: Path) -> None:
+    root = str(tmp_path / "lake")
+    build_lake(root)
+    alerts_version = data.open_table(root, lake.ALERTS).version()  # type: ignore[union-attr]
+    t0 = data.utcnow()
+    data.write_feedback(
+        root, "alert-001", "true_positive", note="<i>meter</i> bypass", analyst="ana", now=t0
+    )
+    data.write_feedback(
+        root, "alert-001", "false_positive", note="", analyst="bo", now=t0 + timedelta(seconds=1)
+    )
+    raw = data.read_table(root, lake.ALERT_FEEDBACK)
+    assert raw.height == 3
+    latest = data.read_feedback(root)
+    row = latest.filter(pl.col("alert_id") == "alert-001").row(0, named=True)
+    assert (row["verdict"], row["analyst"]) == ("false_positive", "bo")
+    assert data.open_alerts(data.read_alerts(root), latest).height == 4
+    # The alerts table is never written by the dashboard.
+    assert data.open_table(root, lake.ALERTS).version() == alerts_version  # type: ignore[union-attr]
+
+
+def test_feedback_creates_the_table(tmp_path: Path) -> None:
+    data.write_feedback(str(tmp_path), "a-1", "true_positive")
+    assert data.read_feedback(str(tmp_path))["alert_id"].to_list() == ["a-1"]
+
+
+@pytest.mark.parametrize(("alert_id", "verdict"), [("a-1", "maybe"), ("", "true_positive")])
+def test_feedback_rejects_bad_input(tmp_path: Path, alert_id: str, verdict: str) -> None:
+    with pytest.raises(ValueError):
+        data.write_feedback(str(tmp_path), alert_id, verdict)
+    assert not data.table_exists(str(tmp_path), lake.ALERT_FEEDBACK)
+
+
+def test_alert_timeline_counts(fixture_lake: FixtureLake) -> None:
+    alerts = data.read_alerts(fixture_lake.root)
+    timeline = data.alert_timeline(alerts, "severity", "1h")
+    totals = dict(timeline.group_by("severity").agg(pl.col("alerts").sum()).iter_rows())
+    assert totals == {"critical": 1, "high": 2, "medium": 2, "low": 1}
+
+
+def test_time_bucket_keeps_bar_count_reasonable() -> None:
+    now = data.utcnow()
+    assert data.time_bucket(now - timedelta(minutes=15), now) == "1m"
+    assert data.time_bucket(now - timedelta(hours=24), now) == "15m"
+    assert data.time_bucket(now - timedelta(days=7), now) == "6h"
+    assert data.time_bucket(None, now) == "1h"
+
+
+def test_feedback_quality_per_model_version() -> None:
+    alerts = pl.DataFrame(
+        {
+            "alert_id": ["a", "b", "c", "d"],
+            "model_version": ["3", "3", None, "3"],
+            "verdict": ["true_positive", "false_positive", "true_positive", None],
+        }
+    )
+    quality = data.feedback_quality(alerts)
+    assert quality.rows() == [("3", 2, 1, 0.5), ("rules", 1, 1, 1.0)]
+
+
+def test_telemetry_around_a_window_is_filtered_by_device_and_time(
+    fixture_lake: FixtureLake,
+) -> None:
+    now = fixture_lake.now
+    frame = data.read_telemetry(
+        fixture_lake.root,
+        "meter-001",
+        since=now - timedelta(minutes=20),
+        until=now,
+        columns=["event_time", "power_w"],
+    )
+    assert frame.columns == ["event_time", "power_w"]
+    assert frame.height == 20
+    assert frame["event_time"].is_sorted()
+    assert frame["power_w"].tail(10).to_list() == [80.0] * 10
+
+
+def test_devices_reporting_and_positions(fixture_lake: FixtureLake) -> None:
+    assert data.devices_reporting(fixture_lake.root, None) == fixture_lake.devices_reporting
+    future = fixture_lake.now + timedelta(minutes=1)
+    assert data.devices_reporting(fixture_lake.root, future) == 0
+    positions = data.last_positions(fixture_lake.root, [ROGUE])
+    assert positions.select("device_id", "lat", "lon").rows() == [(ROGUE, 50.11, 8.68)]
+
+
+def test_map_points_place_registered_sites_and_unregistered_positions(
+    fixture_lake: FixtureLake,
+) -> None:
+    root = fixture_lake.root
+    points = data.map_points(
+        data.read_devices(root), data.read_alerts(root), data.last_positions(root, [ROGUE])
+    )
+    by_id = {row["device_id"]: row for row in points.iter_rows(named=True)}
+    assert set(by_id) == {"meter-001", "tracker-002", "thermo-003", ROGUE}
+    assert (by_id["meter-001"]["alerts"], by_id["meter-001"]["worst_severity"]) == (3, "critical")
+    assert (by_id["thermo-003"]["alerts"], by_id["thermo-003"]["worst_severity"]) == (0, None)
+    assert by_id[ROGUE]["registered"] is False
+    assert (by_id["meter-001"]["lat"], by_id["meter-001"]["lon"]) == (52.517, 13.389)
+
+
+def test_window_features_of_an_alert(fixture_lake: FixtureLake) -> None:
+    alert = fixture_lake.alerts[0]
+    features = data.read_features(
+        fixture_lake.root, alert["device_id"], window_start=alert["window_start"]
+    )
+    assert features.height == 1
+    assert features["power_w_mean"].to_list() == [80.0]
+    fields = data.as_field_table(features.row(0, named=True))
+    assert fields.schema == {"field": pl.String, "value": pl.String}
+    assert "power_w_mean" in set(fields["field"])
+
+
+def test_field_table_shows_values_as_plain_text() -> None:
+    fields = data.as_field_table({"reasons": [MARKUP_REASON, "x"], "score": 0.91234, "none": None})
+    assert fields["value"].to_list() == [f"{MARKUP_REASON}; x", "0.9123", ""]
+
+
+def test_pipeline_metrics_lag_rate_and_quarantine(fixture_lake: FixtureLake) -> None:
+    metrics = data.read_pipeline_metrics(fixture_lake.root)
+    assert metrics.height == 24
+    assert metrics["watermark_lag_s"].unique().to_list() == [120.0]
+    assert int(metrics["late_rows_dropped"].sum()) == fixture_lake.late_rows
+    assert data.ingest_rate(metrics, "ingest") == pytest.approx(fixture_lake.ingest_rate_latest)
+    assert data.ingest_rate(metrics.head(0), "ingest") is None
+    quarantine = data.quarantine_by_reason(fixture_lake.root)
+    assert dict(quarantine.iter_rows()) == fixture_lake.quarantine_by_reason
+
+
+def test_latest_evaluation_keeps_only_the_newest_run(fixture_lake: FixtureLake) -> None:
+    evaluation = data.latest_evaluation(fixture_lake.root)
+    assert evaluation["scenario"].to_list() == ["impossible_travel", "tampering"]
+    assert evaluation.filter(pl.col("scenario") == "tampering")["recall"].to_list() == [0.75]
+
+
+def test_downsample_bounds_points_per_group() -> None:
+    start = data.utcnow()
+    frame = pl.DataFrame(
+        {
+            "t": [start + timedelta(seconds=i) for i in range(3000)] * 2,
+            "q": ["a"] * 3000 + ["b"] * 3000,
+            "v": [1.0] * 6000,
+        }
+    )
+    small = data.downsample(frame, "t", max_points=100, by="q")
+    assert small.group_by("q").len()["len"].max() <= 101  # type: ignore[operator]
+    assert small["v"].unique().to_list() == [1.0]
+    assert data.downsample(frame.head(50), "t", max_points=100).height == 50
+
+
+def test_champion_is_none_without_a_store(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert data.champion(uri, "iot-fraud") is None
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_delta_uri_maps_s3a() -> None:
+    assert data.delta_uri("s3a://bucket/lake", "alerts") == "s3://bucket/lake/alerts"

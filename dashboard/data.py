@@ -244,11 +244,12 @@ def time_bucket(since: datetime | None, until: datetime | None) -> str:
 
 
 def alert_timeline(alerts: pl.DataFrame, by: str, every: str) -> pl.DataFrame:
-    """Alert counts per ``every`` bucket of ``window_start`` and per value of ``by``."""
+    """Alert counts per ``every`` bucket (``time`` to ``end``) of ``window_start`` and ``by``."""
     return (
         alerts.filter(pl.col("window_start").is_not_null())
         .group_by(pl.col("window_start").dt.truncate(every).alias("time"), by)
         .agg(pl.len().alias("alerts"))
+        .with_columns(pl.col("time").dt.offset_by(every).alias("end"))
         .sort("time", by)
     )
 

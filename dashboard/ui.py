@@ -81,7 +81,15 @@ def show_table(frame: pl.DataFrame, *, key: str | None = None, height: int | Non
         for name, dtype in frame.schema.items()
         if dtype == pl.List(pl.String)
     )
-    kwargs: dict[str, Any] = {"hide_index": True, "width": "stretch"}
+    kwargs: dict[str, Any] = {
+        "hide_index": True,
+        "width": "stretch",
+        "column_config": {
+            name: st.column_config.DatetimeColumn(name, format="YYYY-MM-DD HH:mm:ss")
+            for name, dtype in frame.schema.items()
+            if isinstance(dtype, pl.Datetime)
+        },
+    }
     if height is not None:
         kwargs["height"] = height
     if key is not None:
@@ -90,24 +98,42 @@ def show_table(frame: pl.DataFrame, *, key: str | None = None, height: int | Non
 
 
 def count_bars(timeline: pl.DataFrame, by: str, title: str) -> alt.Chart:
-    """A stacked bar chart of ``alerts`` per ``time`` bucket, coloured by ``by``."""
+    """Stacked bars of ``alerts`` per bucket (``time`` to ``end``), coloured by ``by``.
+
+    The stack is computed here, not by Vega-Lite, so that bars span their whole bucket.
+    """
+    present = set(timeline[by].to_list())
+    order = [s for s in c.SEVERITIES if s in present] if by == "severity" else sorted(present)
     if by == "severity":
-        order = [s for s in c.SEVERITIES if s in set(timeline[by].to_list())]
-        color = alt.Color(
-            f"{by}:N",
-            sort=order,
-            scale=alt.Scale(domain=order, range=[SEVERITY_COLORS[s] for s in order]),
-        )
+        scale = alt.Scale(domain=order, range=[SEVERITY_COLORS[s] for s in order])
     else:
-        color = alt.Color(f"{by}:N")
+        scale = alt.Scale(domain=order)
+    stacked = (
+        timeline.with_columns(
+            pl.col(by)
+            .replace_strict(order, list(range(len(order))), default=len(order))
+            .alias("_o")
+        )
+        .sort("time", "_o")
+        .with_columns(pl.col("alerts").cum_sum().over("time").alias("top"))
+        .with_columns((pl.col("top") - pl.col("alerts")).alias("bottom"))
+        .drop("_o")
+    )
     chart: alt.Chart = (
-        alt.Chart(timeline.to_pandas(), title=title)
-        .mark_bar()
+        alt.Chart(stacked.to_pandas(), title=title)
+        .mark_rect(stroke="white", strokeWidth=0.5)
         .encode(
             x=alt.X("time:T", title="window start (UTC)"),
-            y=alt.Y("alerts:Q", title="alerts", stack=True),
-            color=color,
-            tooltip=["time:T", f"{by}:N", "alerts:Q"],
+            x2="end:T",
+            y=alt.Y("bottom:Q", title="alerts", axis=alt.Axis(tickMinStep=1)),
+            y2="top:Q",
+            color=alt.Color(f"{by}:N", sort=order, scale=scale),
+            tooltip=[
+                alt.Tooltip("time:T", title="from"),
+                alt.Tooltip("end:T", title="to"),
+                f"{by}:N",
+                "alerts:Q",
+            ],
         )
         .properties(height=260)
     )

@@ -68,7 +68,9 @@ def metric_chart(
         .mark_line(point=alt.OverlayMarkDef(size=12))
         .encode(
             x=alt.X("event_time:T", title="event time (UTC)"),
-            y=alt.Y(f"{metric}:Q", title=metric, scale=alt.Scale(zero=False)),
+            y=alt.Y(
+                f"{metric}:Q", title=metric, scale=alt.Scale(zero=False), axis=alt.Axis(format="~g")
+            ),
             tooltip=["event_time:T", f"{metric}:Q"],
         )
     )

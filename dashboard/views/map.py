@@ -6,6 +6,7 @@ The basemap is Carto's (no API key); with ``IOT_DASH_MAP_STYLE=none`` the map ne
 from __future__ import annotations
 
 import logging
+import math
 
 import polars as pl
 import pydeck as pdk
@@ -30,12 +31,30 @@ root = settings.lake_root
 st.title("Map")
 
 
+def fit_view(points: pl.DataFrame) -> pdk.ViewState:
+    """Centre and zoom so that every point is on the map."""
+    lat_min, lat_max = float(points["lat"].min()), float(points["lat"].max())  # type: ignore[arg-type]
+    lon_min, lon_max = float(points["lon"].min()), float(points["lon"].max())  # type: ignore[arg-type]
+    # Web-Mercator zoom z shows about 360 / 2**z degrees across the map's width.
+    span = max(lon_max - lon_min, (lat_max - lat_min) * 1.5, 0.01)
+    zoom = max(0.0, min(12.0, math.log2(360.0 / (span * 1.6))))
+    return pdk.ViewState(
+        latitude=(lat_min + lat_max) / 2, longitude=(lon_min + lon_max) / 2, zoom=zoom
+    )
+
+
 def deck(points: pl.DataFrame) -> pdk.Deck:
-    shown = points.with_columns(
-        pl.col("worst_severity")
-        .map_elements(lambda s: COLORS.get(s, NO_ALERT), return_dtype=pl.List(pl.Int64))
-        .fill_null(pl.lit(NO_ALERT, dtype=pl.List(pl.Int64)))
-        .alias("color"),
+    colors = pl.DataFrame(
+        {
+            "worst_severity": list(COLORS),
+            **{
+                ch: [rgba[i] for rgba in COLORS.values()]
+                for i, ch in enumerate(("r", "g", "b", "a"))
+            },
+        }
+    )
+    shown = points.join(colors, on="worst_severity", how="left").with_columns(
+        *(pl.col(ch).fill_null(NO_ALERT[i]) for i, ch in enumerate(("r", "g", "b", "a"))),
         (3000 + 2500 * pl.col("alerts").clip(0, 10)).alias("radius"),
         pl.col("worst_severity").fill_null("none"),
         pl.col("device_type").fill_null("unregistered"),
@@ -44,20 +63,28 @@ def deck(points: pl.DataFrame) -> pdk.Deck:
         "ScatterplotLayer",
         data=shown.to_pandas(),
         get_position=["lon", "lat"],
-        get_fill_color="color",
+        get_fill_color="[r, g, b, a]",
         get_radius="radius",
-        radius_min_pixels=5,
+        radius_min_pixels=7,
         radius_max_pixels=40,
         stroked=True,
         get_line_color=[255, 255, 255, 200],
         line_width_min_pixels=1,
         pickable=True,
     )
-    view = pdk.data_utils.compute_view(shown.select("lon", "lat").to_numpy().tolist(), 0.95)
-    view.zoom = min(view.zoom, 12)
+    labels = pdk.Layer(
+        "TextLayer",
+        data=shown.select("device_id", "lon", "lat").to_pandas(),
+        get_position=["lon", "lat"],
+        get_text="device_id",
+        get_size=12,
+        get_color=[40, 40, 40, 220],
+        get_pixel_offset=[0, -18],
+    )
+    view = fit_view(shown)
     carto = settings.map_style == "carto"
     return pdk.Deck(
-        layers=[layer],
+        layers=[layer, labels],
         initial_view_state=view,
         map_provider="carto" if carto else None,
         map_style=pdk.map_styles.CARTO_LIGHT if carto else None,

@@ -40,7 +40,9 @@ def model() -> None:
         cols[0].metric("Model", info.name)
         cols[1].metric("Champion version", info.version)
         cols[2].metric(
-            "Registered", "n/a" if info.created_at is None else f"{info.created_at:%Y-%m-%d %H:%M}"
+            "Registered",
+            "n/a" if info.created_at is None else f"{info.created_at:%Y-%m-%d}",
+            help=None if info.created_at is None else f"{info.created_at:%Y-%m-%d %H:%M:%S} UTC",
         )
         cols[3].metric("Aliases", ", ".join(info.aliases) or "none")
         left, right = st.columns(2)
@@ -48,8 +50,9 @@ def model() -> None:
             st.caption("Training metrics")
             ui.show_table(data.as_field_table(dict(sorted(info.metrics.items()))))
         with right:
-            st.caption(f"Parameters (run {info.run_id})")
-            ui.show_table(data.as_field_table(dict(sorted(info.params.items()))))
+            st.caption("Run and parameters")
+            params = {"run_id": info.run_id, **dict(sorted(info.params.items()))}
+            ui.show_table(data.as_field_table(params))
 
     st.subheader("Detection quality against ground truth")
     evaluation = data.latest_evaluation(root)
@@ -62,7 +65,7 @@ def model() -> None:
             alt.Chart(scores.to_pandas(), title="Per scenario")
             .mark_bar()
             .encode(
-                x=alt.X("scenario:N", title=None),
+                x=alt.X("scenario:N", title=None, axis=alt.Axis(labelAngle=0)),
                 xOffset="variable:N",
                 y=alt.Y("value:Q", title="score", scale=alt.Scale(domain=[0, 1])),
                 color=alt.Color("variable:N", title="metric"),

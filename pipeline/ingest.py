@@ -2,9 +2,10 @@
 
 Exactly once without streaming state: within a batch the copy with the smallest Kafka coordinates
 of each event_id is its original; an event_id already in ``telemetry`` (within the dedup horizon)
-is a duplicate. Both decisions depend only on the batch and on the tables as earlier batches left
-them, so a replayed batch decides the same, and the appends carry (txnAppId, txnVersion=batch_id)
-so Delta commits each of them once.
+from an earlier batch is a duplicate. Both decisions depend only on the batch and on what earlier
+batches wrote (rows with this batch's own coordinates are ignored), so a batch replayed after a
+crash decides the same; the appends carry (txnAppId, txnVersion=batch_id) so Delta commits each
+of them once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pipeline.sinks import idempotent_append
 from pipeline.transforms import first_of_each_event, parse_events, quarantined, valid_events
 
 log = logging.getLogger(__name__)
+
+_COORDS = ["kafka_topic", "kafka_partition", "kafka_offset"]
 
 
 @dataclass
@@ -59,6 +62,9 @@ class IngestBatchWriter:
         if bounds is None or bounds[0] is None:
             return parsed.withColumn("is_new", F.lit(False))
         horizon_start = F.current_timestamp() - F.expr(f"INTERVAL {self.dedup_horizon}")
+        # Rows carrying this batch's own Kafka coordinates were written by an earlier attempt
+        # of this batch (killed before its checkpoint commit): they do not count as seen.
+        this_batch = valid.select(*_COORDS)
         seen = (
             parsed.sparkSession.read.format("delta")
             .load(telemetry_path)
@@ -66,6 +72,8 @@ class IngestBatchWriter:
                 (F.col("event_time") >= F.greatest(F.lit(bounds[0]), horizon_start))
                 & (F.col("event_time") <= F.lit(bounds[1]))
             )
+            .select("event_id", *_COORDS)
+            .join(this_batch, _COORDS, "left_anti")
             .select("event_id")
         )
         new = (

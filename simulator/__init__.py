@@ -1,0 +1,1 @@
+"""Telemetry simulator: Faker fleet, scenarios with ground truth, Kafka producer, replay."""

@@ -1,0 +1,254 @@
+"""Columnar events under construction, and their fast JSON encoding.
+
+An ``Events`` holds one numpy array per field; ``encode`` turns it into JSON values with
+numpy: each field becomes a fixed-width block of ASCII bytes and a batch is one byte matrix per
+device type (a sensor the type lacks is the literal ``null``), about 50x faster than ``json.dumps``
+or ``%``-formatting one event at a time.
+
+Wire format (one definition, documented in the simulator README section)::
+
+    {"event_id":"<uuid4>","device_id":"dev-000042","event_time":"2026-01-05T10:00:00.000Z",
+     "seq":17,"firmware":"sm-4.2.1","lat":40.712800,"lon":-74.006000,
+     "metrics":{"temperature_c":24.31,"humidity_pct":null,...}}
+
+``event_time`` is ISO-8601 UTC with millisecond precision and a ``Z`` suffix. Numbers are
+right-aligned to the widest value of their batch and string fields padded after their closing
+quote, with spaces (insignificant whitespace in JSON), so that a whole batch is one byte matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from infra import contract as c
+
+log = logging.getLogger(__name__)
+
+TYPES = tuple(c.DEVICE_TYPES)
+METRIC_INDEX = {m: i for i, m in enumerate(c.METRICS)}
+_HEX_PAIRS = np.frombuffer(b"".join(b"%02x" % i for i in range(256)), np.uint8).reshape(256, 2)
+_UUID_HEX_POS = np.array([i for i in range(36) if i not in (8, 13, 18, 23)])
+_SPACE, _ZERO, _MINUS, _DOT = ord(" "), ord("0"), ord("-"), ord(".")
+
+
+@dataclass
+class Events:
+    """One array per field; ``dev`` indexes the fleet, ``t`` is send time in simulated seconds."""
+
+    dev: np.ndarray  # int64
+    t: np.ndarray  # float64, when the device sends it
+    t_event: np.ndarray  # float64, the device clock stamped in event_time
+    lat: np.ndarray
+    lon: np.ndarray
+    metrics: np.ndarray  # float64 (n, len(METRICS))
+    firmware: np.ndarray  # int64 index into the firmware table
+    seq: np.ndarray  # int64
+    tag: np.ndarray  # int8: 0 normal, else SCENARIOS index + 1
+    clone: np.ndarray  # int64: injection index of a clone's reading, -1 otherwise
+
+    def __len__(self) -> int:
+        return int(self.dev.shape[0])
+
+    def take(self, index: np.ndarray) -> Events:
+        return Events(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    @staticmethod
+    def concat(parts: list[Events]) -> Events:
+        return Events(
+            **{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Events)}
+        )
+
+
+def empty_events() -> Events:
+    return Events(
+        dev=np.empty(0, np.int64),
+        t=np.empty(0),
+        t_event=np.empty(0),
+        lat=np.empty(0),
+        lon=np.empty(0),
+        metrics=np.empty((0, len(c.METRICS))),
+        firmware=np.empty(0, np.int64),
+        seq=np.empty(0, np.int64),
+        tag=np.empty(0, np.int8),
+        clone=np.empty(0, np.int64),
+    )
+
+
+def _digits(x: np.ndarray, width: int) -> np.ndarray:
+    """Zero-padded decimal digits (ASCII) of non-negative ints as ``(n, width)`` uint8.
+
+    Built digit-major (one contiguous row per digit) and returned transposed: writing columns
+    of a row-major matrix is several times slower.
+    """
+    out = np.empty((width, x.shape[0]), dtype=np.uint8)
+    for j in range(width - 1, -1, -1):
+        q = x // 10
+        out[j] = x - q * 10
+        x = q
+    out += _ZERO
+    return out.T
+
+
+def fixed_point(values: np.ndarray, decimals: int) -> np.ndarray:
+    """Numbers as right-aligned ASCII text, one row each: ``(n, width)`` uint8.
+
+    The width is the widest value of this batch; shorter numbers are left-padded with spaces,
+    which JSON allows between tokens. Vectorised, ~50x faster than ``"%.2f" % v`` per value.
+    """
+    n = values.shape[0]
+    x = np.rint(np.abs(values) * 10**decimals).astype(np.int64)
+    negative = (values < 0) & (x > 0)
+    top = int(x.max(initial=0))
+    if top < 2**31:
+        x = x.astype(np.int32)  # int32 division is about twice as fast
+    width_digits = max(len(str(top)), decimals + 1)
+    digits = _digits(x, width_digits)
+    width_int = width_digits - decimals
+    lead = np.zeros(n, dtype=np.int64)
+    if width_int > 1:
+        head = digits[:, : width_int - 1]
+        zeros = np.cumprod(head == _ZERO, axis=1).astype(bool)
+        head[zeros] = _SPACE
+        lead = zeros.sum(axis=1)
+    sign = int(negative.any())
+    out = np.full((n, sign + width_digits + (1 if decimals else 0)), _SPACE, dtype=np.uint8)
+    out[:, sign : sign + width_int] = digits[:, :width_int]
+    if decimals:
+        out[:, sign + width_int] = _DOT
+        out[:, sign + width_int + 1 :] = digits[:, width_int:]
+    if sign:
+        rows = np.flatnonzero(negative)
+        out[rows, lead[rows] + sign - 1] = _MINUS
+    return out
+
+
+@dataclass
+class StringTable:
+    """JSON string literals (quoted) as rows of a uint8 table, space-padded after the quote."""
+
+    rows: np.ndarray
+    lengths: np.ndarray
+
+    def take(self, codes: np.ndarray) -> np.ndarray:
+        """Rows of ``codes``, only as wide as the longest of them."""
+        width = int(self.lengths[codes].max(initial=2))
+        return self.rows[codes, :width]
+
+
+def padded_strings(strings: list[str]) -> StringTable:
+    quoted = [json.dumps(s).encode() for s in strings]
+    width = max((len(q) for q in quoted), default=2)
+    table = np.full((len(quoted), width), _SPACE, dtype=np.uint8)
+    for i, q in enumerate(quoted):
+        table[i, : len(q)] = np.frombuffer(q, dtype=np.uint8)
+    return StringTable(table, np.asarray([len(q) for q in quoted], dtype=np.int64))
+
+
+def _literal(text: str, n: int) -> np.ndarray:
+    return np.broadcast_to(np.frombuffer(text.encode(), dtype=np.uint8), (n, len(text)))
+
+
+def _zero_padded(values: np.ndarray, width: int) -> np.ndarray:
+    return _digits(values.astype(np.int32), width)
+
+
+def iso_times(epoch_ms: np.ndarray) -> np.ndarray:
+    """ISO-8601 UTC times with milliseconds and ``Z`` (``2026-01-05T10:00:00.000Z``), as
+    ``(n, 24)`` uint8 rows; digit arithmetic, since numpy's own string conversion is slow."""
+    days = (epoch_ms // 86_400_000).astype("datetime64[D]")
+    year_start = days.astype("datetime64[Y]")
+    month_start = days.astype("datetime64[M]")
+    year = year_start.astype(np.int64) + 1970
+    month = (month_start - year_start.astype("datetime64[M]")).astype(np.int64) + 1
+    day = (days - month_start.astype("datetime64[D]")).astype(np.int64) + 1
+    ms_of_day = epoch_ms % 86_400_000
+    n = epoch_ms.shape[0]
+    out = np.empty((n, 24), dtype=np.uint8)
+    out[:, 0:4] = _zero_padded(year, 4)
+    out[:, 5:7] = _zero_padded(month, 2)
+    out[:, 8:10] = _zero_padded(day, 2)
+    out[:, 11:13] = _zero_padded(ms_of_day // 3_600_000, 2)
+    out[:, 14:16] = _zero_padded(ms_of_day // 60_000 % 60, 2)
+    out[:, 17:19] = _zero_padded(ms_of_day // 1000 % 60, 2)
+    out[:, 20:23] = _zero_padded(ms_of_day % 1000, 3)
+    out[:, [4, 7]] = _MINUS
+    out[:, 10] = ord("T")
+    out[:, [13, 16]] = ord(":")
+    out[:, 19] = _DOT
+    out[:, 23] = ord("Z")
+    return out
+
+
+def uuid4_rows(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` random (version 4) UUIDs drawn from ``rng`` as ``(n, 36)`` uint8 text rows."""
+    raw = np.frombuffer(rng.bytes(16 * n), dtype=np.uint8).reshape(n, 16).copy()
+    raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40
+    raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80
+    hexed = _HEX_PAIRS[raw].reshape(n, 32)
+    out = np.empty((n, 36), dtype=np.uint8)
+    out[:, _UUID_HEX_POS] = hexed
+    out[:, [8, 13, 18, 23]] = _MINUS
+    return out
+
+
+def clamp_to_contract(events: Events) -> None:
+    """Keep generated readings inside the contract's valid ranges (in place)."""
+    for name, i in METRIC_INDEX.items():
+        low, high = c.VALID_RANGES[name]
+        np.clip(events.metrics[:, i], low, high, out=events.metrics[:, i])
+    np.clip(events.lat, -90.0, 90.0, out=events.lat)
+    events.lon[:] = (events.lon + 180.0) % 360.0 - 180.0
+
+
+def encode(
+    events: Events,
+    *,
+    type_code: np.ndarray,
+    device_ids: StringTable,
+    firmware_table: StringTable,
+    start_ms: int,
+    event_ids: np.ndarray,
+) -> list[bytes]:
+    """JSON values (UTF-8 bytes) in the order of ``events``, built as one byte matrix per type.
+
+    ``type_code`` is per fleet device, ``device_ids`` and ``firmware_table`` are ``padded_strings``
+    tables indexed by ``events.dev`` and ``events.firmware``; ``event_ids`` is ``uuid4_rows``.
+    """
+    n = len(events)
+    if n == 0:
+        return []
+    out = np.empty(n, dtype=object)
+    times = iso_times(start_ms + np.round(events.t_event * 1000.0).astype(np.int64))
+    types = type_code[events.dev]
+    for code, device_type in enumerate(TYPES):
+        idx = np.flatnonzero(types == code)
+        if idx.size == 0:
+            continue
+        k = idx.size
+        sensors = c.DEVICE_TYPES[device_type]
+        parts = [
+            _literal('{"event_id":"', k), event_ids[idx],
+            _literal('","device_id":', k), device_ids.take(events.dev[idx]),
+            _literal(',"event_time":"', k), times[idx],
+            _literal('","seq":', k), fixed_point(events.seq[idx], 0),
+            _literal(',"firmware":', k), firmware_table.take(events.firmware[idx]),
+            _literal(',"lat":', k), fixed_point(events.lat[idx], 6),
+            _literal(',"lon":', k), fixed_point(events.lon[idx], 6),
+            _literal(',"metrics":{', k),
+        ]  # fmt: skip
+        for j, metric in enumerate(c.METRICS):
+            comma = "," if j else ""
+            if metric in sensors:
+                parts.append(_literal(f'{comma}"{metric}":', k))
+                parts.append(fixed_point(events.metrics[idx, METRIC_INDEX[metric]], 2))
+            else:
+                parts.append(_literal(f'{comma}"{metric}":null', k))
+        parts.append(_literal("}}", k))
+        matrix = np.ascontiguousarray(np.concatenate(parts, axis=1))
+        out[idx] = matrix.view(f"S{matrix.shape[1]}").ravel().tolist()
+    values: list[bytes] = out.tolist()
+    return values

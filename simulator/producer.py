@@ -1,0 +1,332 @@
+"""Send simulated telemetry to Kafka: idempotent producer, rate control, clean stop.
+
+``run_simulation(settings, sim, stop=...)`` drives a ``Simulation`` into the topic and returns
+``RunStats``. Pacing: with ``rate`` > 0 a token bucket holds the send rate; otherwise the simulated
+clock runs ``accelerate`` times wall time (0 = as fast as possible). Delivery reports are only
+raised for failures (``delivery.report.only.error``), so the hot loop pays no Python callback per
+message; delivered = sent - failures - still queued after the final flush.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from infra.errors import ConfigError
+from simulator.scenarios import GroundTruthRow, write_ground_truth
+from simulator.settings import SimulatorSettings, redact
+from simulator.telemetry import Batch, Simulation
+
+log = logging.getLogger(__name__)
+
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 20,
+    "batch.size": 1_000_000,
+    "compression.type": "lz4",
+    "queue.buffering.max.messages": 500_000,
+    "queue.buffering.max.kbytes": 1_048_576,
+    "delivery.report.only.error": True,
+}
+GROUND_TRUTH_EVERY_S = 10.0
+
+
+def producer_config(settings: SimulatorSettings) -> dict[str, Any]:
+    """Defaults, then the user's librdkafka options (which win), then the bootstrap servers."""
+    conf: dict[str, Any] = dict(PRODUCER_DEFAULTS)
+    conf.update(settings.kafka_options)
+    conf["bootstrap.servers"] = settings.bootstrap_servers
+    return conf
+
+
+def admin_config(settings: SimulatorSettings) -> dict[str, Any]:
+    return {**settings.kafka_options, "bootstrap.servers": settings.bootstrap_servers}
+
+
+def ensure_topic(
+    conf: dict[str, Any], topic: str, partitions: int, replication: int = 1, timeout_s: float = 30
+) -> bool:
+    """Create ``topic`` with ``partitions`` if absent; True when this call created it."""
+    admin = AdminClient(conf)
+    metadata = admin.list_topics(timeout=timeout_s)
+    if topic in metadata.topics and metadata.topics[topic].error is None:
+        return False
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions,
+                                            replication_factor=replication)])  # fmt: skip
+    try:
+        futures[topic].result(timeout=timeout_s)
+    except KafkaException as exc:
+        if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise
+    log.info("topic %s created with %d partitions", topic, partitions)
+    return True
+
+
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` saved up; ``acquire`` sleeps until enough."""
+
+    def __init__(
+        self,
+        rate: float,
+        burst: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.rate = rate
+        self.burst = burst if burst is not None else max(1.0, rate * 0.05)
+        self.clock = clock
+        self.sleep = sleep
+        self.tokens = 0.0
+        self.last = clock()
+
+    def acquire(self, n: float) -> float:
+        """Take ``n`` tokens (sleeping as needed); returns the seconds slept."""
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        self.tokens -= n
+        if self.tokens >= 0:
+            return 0.0
+        # Debt is paid by sleeping; the bucket goes back to zero, so the long-run rate is exact.
+        wait = -self.tokens / self.rate
+        self.sleep(wait)
+        self.tokens = 0.0
+        self.last = self.clock()
+        return wait
+
+
+@dataclass
+class RunStats:
+    """What a run sent; ``delivered`` is known after the final flush."""
+
+    sent: int = 0
+    failures: int = 0
+    queued: int = 0
+    elapsed_s: float = 0.0
+    injections: int = 0
+    sim_start: datetime | None = None
+    sim_end: datetime | None = None
+    first_error: str | None = None
+    stopped_by: str = "end"
+    partitions: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def delivered(self) -> int:
+        return self.sent - self.failures - self.queued
+
+    @property
+    def rate(self) -> float:
+        return self.sent / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def line(self) -> str:
+        return (
+            f"sent {self.sent:,} | delivered {self.delivered:,} | failures {self.failures:,} | "
+            f"{self.rate:,.0f} msg/s over {self.elapsed_s:.1f} s | injections {self.injections} | "
+            f"stopped by {self.stopped_by}"
+        )
+
+
+class Sender:
+    """A confluent-kafka Producer with failure counting and BufferError back-pressure."""
+
+    def __init__(self, conf: dict[str, Any], topic: str, stats: RunStats) -> None:
+        self.topic = topic
+        self.stats = stats
+        self.producer = Producer({**conf, "on_delivery": self._on_delivery})
+
+    def _on_delivery(self, err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            self.stats.failures += 1
+            if self.stats.first_error is None:
+                self.stats.first_error = str(err)
+                log.error("delivery failed: %s", err)
+
+    def send(self, keys: list[bytes], values: list[bytes]) -> None:
+        produce = self.producer.produce
+        poll = self.producer.poll
+        topic = self.topic
+        for i, (key, value) in enumerate(zip(keys, values, strict=True)):
+            while True:
+                try:
+                    produce(topic, value, key)
+                    break
+                except BufferError:
+                    # Local queue full: serve delivery reports until librdkafka has room.
+                    poll(0.05)
+            if i % 2000 == 0:
+                poll(0)
+        self.stats.sent += len(values)
+
+    def flush(self, timeout_s: float = 60.0) -> int:
+        remaining: int = self.producer.flush(timeout_s)
+        self.stats.queued = remaining
+        return remaining
+
+    def queue_length(self) -> int:
+        return len(self.producer)
+
+
+def default_start(settings: SimulatorSettings, natural_rate: float, now: datetime) -> datetime:
+    """Start of the simulated clock: given, or so that a fast run with a known end ends near now.
+
+    Ending near now keeps event times in the past, where the pipeline accepts them.
+    """
+    if settings.start_time is not None:
+        return settings.start_time
+    span = 0.0
+    if settings.rate > 0 and natural_rate > 0:
+        if settings.count:
+            span = settings.count / natural_rate
+        elif settings.duration:
+            span = settings.duration * settings.rate / natural_rate
+    elif settings.accelerate != 1.0:
+        if settings.count:
+            span = settings.count / max(natural_rate, 1e-9)
+        elif settings.duration and settings.accelerate > 0:
+            span = settings.duration * settings.accelerate
+    return now - timedelta(seconds=span)
+
+
+def run_simulation(
+    settings: SimulatorSettings,
+    sim: Simulation,
+    *,
+    stop: threading.Event | None = None,
+    progress: Callable[[RunStats, Simulation, bool], None] | None = None,
+    sender: Sender | None = None,
+) -> RunStats:
+    """Generate and send until ``duration``, ``count`` or ``stop``; flush; write ground truth.
+
+    ``progress(stats, sim, final)`` is called every ``progress_interval_s`` and once at the end.
+    """
+    stop = stop or threading.Event()
+    stats = RunStats(sim_start=sim.now)
+    conf = producer_config(settings)
+    log.info(
+        "producing to %s on %s with %s",
+        settings.topic,
+        settings.bootstrap_servers,
+        redact({k: str(v) for k, v in settings.kafka_options.items()}),
+    )
+    sender = sender or Sender(conf, settings.topic, stats)
+    sender.stats = stats
+    bucket = TokenBucket(settings.rate) if settings.rate > 0 else None
+    accelerate = settings.accelerate if bucket is None else 0.0
+    natural = max(sim.natural_rate, 1e-9)
+    if bucket is not None:
+        slice_s = min(sim.default_slice_s(), max(0.05, settings.rate * 0.25 / natural))
+    elif accelerate > 0:
+        slice_s = min(sim.default_slice_s(), max(0.05, accelerate * 0.5))
+    else:
+        slice_s = sim.default_slice_s()
+    t_begin = time.monotonic()
+    sim_begin = sim.t
+    deadline = t_begin + settings.duration if settings.duration else None
+    next_progress = t_begin + settings.progress_interval_s
+    pending_truth: list[GroundTruthRow] = []
+    next_truth = t_begin + GROUND_TRUTH_EVERY_S
+
+    def paced_send(batch: Batch) -> bool:
+        """Send a batch chunk by chunk, pacing each; False when stopped part-way."""
+        nonlocal next_progress
+        n = len(batch)
+        if bucket is not None:
+            step = max(1, int(settings.rate * 0.02))
+            bounds = [*range(0, n, step), n]
+        elif accelerate > 0:
+            import numpy as np
+
+            edges = np.arange(batch.start_s, batch.end_s, 0.05 * accelerate)
+            bounds = sorted({0, n, *np.searchsorted(batch.send_times, edges).tolist()})
+        else:
+            bounds = [0, n]
+        for lo, hi in itertools.pairwise(bounds):
+            if hi <= lo:
+                continue
+            if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+                return False
+            if bucket is not None:
+                bucket.acquire(hi - lo)
+            elif accelerate > 0:
+                due = t_begin + (float(batch.send_times[lo]) - sim_begin) / accelerate
+                _sleep_until(due, stop, deadline)
+                if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+                    return False
+            sender.send(batch.keys[lo:hi], batch.values[lo:hi])
+            now = time.monotonic()
+            if progress is not None and now >= next_progress:
+                stats.elapsed_s = now - t_begin
+                stats.queued = sender.queue_length()
+                progress(stats, sim, False)
+                next_progress = now + settings.progress_interval_s
+        return True
+
+    try:
+        while True:
+            if stop.is_set():
+                stats.stopped_by = "signal"
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                stats.stopped_by = "duration"
+                break
+            if settings.count and stats.sent >= settings.count:
+                stats.stopped_by = "count"
+                break
+            batch = sim.next_batch(slice_s)
+            if settings.count and stats.sent + len(batch) > settings.count:
+                cut = settings.count - stats.sent
+                batch.keys, batch.values = batch.keys[:cut], batch.values[:cut]
+                batch.send_times = batch.send_times[:cut]
+            stats.injections += len(batch.ground_truth)
+            pending_truth.extend(batch.ground_truth)
+            if not paced_send(batch):
+                stats.stopped_by = "signal" if stop.is_set() else "duration"
+                break
+            if settings.write_ground_truth and time.monotonic() >= next_truth and pending_truth:
+                write_ground_truth(pending_truth, settings.lake_root)
+                pending_truth = []
+                next_truth = time.monotonic() + GROUND_TRUTH_EVERY_S
+    finally:
+        sender.flush()
+        stats.elapsed_s = time.monotonic() - t_begin
+        before = len(sim.ground_truth)
+        sim.finish()
+        closed = sim.ground_truth[before:]
+        stats.injections += len(closed)
+        pending_truth.extend(closed)
+        if settings.write_ground_truth and pending_truth:
+            write_ground_truth(pending_truth, settings.lake_root)
+        stats.sim_end = sim.now
+        if progress is not None:
+            progress(stats, sim, True)
+    return stats
+
+
+def _sleep_until(due: float, stop: threading.Event, deadline: float | None) -> None:
+    limit = due if deadline is None else min(due, deadline)
+    wait = limit - time.monotonic()
+    if wait > 0:
+        stop.wait(wait)
+
+
+def check_producer_options(settings: SimulatorSettings) -> None:
+    """Fail at start, with the option named, when librdkafka rejects an option."""
+    try:
+        Producer(producer_config(settings))
+    except KafkaException as exc:
+        raise ConfigError(f"IOT_SIM_KAFKA_OPTIONS: librdkafka rejected an option: {exc}") from None
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)

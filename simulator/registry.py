@@ -48,16 +48,17 @@ PLANS = {
 }
 RETIRED_SHARE = 0.02
 ID_PREFIX = "dev-"
+_POOL = 3000
 # Sites are spread around real places, at most this far (degrees) from the place.
 _SITE_JITTER_DEG = 0.08
 
 
-def _place(fake: Faker) -> tuple[float, float]:
-    """Coordinates of a real US place (Faker's list), so sites sit where people live."""
-    place = fake.local_latlng(country_code="US", coords_only=True)
+def _place(fake: Faker) -> tuple[float, float, str]:
+    """(lat, lon, town) of a real US place from Faker's list, so sites sit where people live."""
+    place = fake.local_latlng(country_code="US")
     if place is None:
-        return 39.8283, -98.5795
-    return float(place[0]), float(place[1])
+        return 39.8283, -98.5795, "Lebanon"
+    return float(place[0]), float(place[1]), str(place[2])
 
 
 def device_id(index: int) -> str:
@@ -74,18 +75,32 @@ def build_registry(n: int, seed: int, now: datetime | None = None) -> pa.Table:
     type_idx = rng.choice(len(types), size=n, p=list(DEVICE_TYPE_WEIGHTS.values()))
     places = [_place(fake) for _ in range(min(n, 200))]
     place_idx = rng.integers(0, len(places), size=n)
-    base = np.array([(float(lat), float(lon)) for lat, lon in places])[place_idx]
+    base = np.array([(lat, lon) for lat, lon, _ in places])[place_idx]
     coords = base + rng.uniform(-_SITE_JITTER_DEG, _SITE_JITTER_DEG, size=(n, 2))
     install_days = rng.integers(30, 5 * 365, size=n)
     retired = rng.random(n) < RETIRED_SHARE
     plan_pick = rng.random(n)
     device_types = [types[i] for i in type_idx]
+    # Faker is slow (~0.1-0.5 ms a call): draw pools once, combine them with numpy for 100k rows.
+    pool = min(n, _POOL)
+    people = [fake.name() for _ in range(pool)]
+    companies = [fake.company() for _ in range(max(1, pool // 4))]
+    streets = [fake.street_name() for _ in range(pool)]
+    zips = [fake.zipcode() for _ in range(pool)]
+    person = rng.integers(0, len(people), size=n)
+    company = rng.integers(0, len(companies), size=n)
+    street = rng.integers(0, len(streets), size=n)
+    number = rng.integers(1, 9999, size=n)
+    zip_idx = rng.integers(0, len(zips), size=n)
     # Companies own trackers and industrial sensors, people own meters and thermostats.
     owners = [
-        fake.company() if t in ("gps_tracker", "industrial_sensor") else fake.name()
-        for t in device_types
+        companies[company[i]] if t in ("gps_tracker", "industrial_sensor") else people[person[i]]
+        for i, t in enumerate(device_types)
     ]
-    addresses = [fake.address().replace("\n", ", ") for _ in range(n)]
+    addresses = [
+        f"{number[i]} {streets[street[i]]}, {places[place_idx[i]][2]} {zips[zip_idx[i]]}"
+        for i in range(n)
+    ]
     today = now.date()
     columns: dict[str, Any] = {
         "device_id": [device_id(i) for i in range(n)],
@@ -168,10 +183,10 @@ def change_devices(lake_root: str, n: int, seed: int, now: datetime | None = Non
         if kind == "owner":
             row["owner"] = fake.name()
         elif kind == "moved":
-            lat, lon = _place(fake)
-            row["site_lat"] = round(float(lat) + float(rng.uniform(-0.05, 0.05)), 6)
-            row["site_lon"] = round(float(lon) + float(rng.uniform(-0.05, 0.05)), 6)
-            row["site_address"] = fake.address().replace("\n", ", ")
+            lat, lon, town = _place(fake)
+            row["site_lat"] = round(lat + float(rng.uniform(-0.05, 0.05)), 6)
+            row["site_lon"] = round(lon + float(rng.uniform(-0.05, 0.05)), 6)
+            row["site_address"] = f"{fake.building_number()} {fake.street_name()}, {town}"
         else:
             row["status"] = "retired"
         row["updated_at"] = now

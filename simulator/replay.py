@@ -200,6 +200,7 @@ def replay(
     speed: float = 0.0,
     stop: Callable[[], bool] = lambda: False,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> ReplayReport:
     """Send every mappable row with ``send(key, value)`` in file order; report the others.
 
@@ -208,7 +209,7 @@ def replay(
     """
     report = ReplayReport()
     first_time: datetime | None = None
-    started = time.monotonic()
+    started = clock()
     for record in read_records(path, mapping or {}):
         if stop():
             break
@@ -219,7 +220,7 @@ def replay(
             if first_time is None:
                 first_time = record.event_time
             due = (record.event_time - first_time).total_seconds() / speed
-            wait = due - (time.monotonic() - started)
+            wait = due - (clock() - started)
             if wait > 0:
                 sleep(wait)
         event = record.event

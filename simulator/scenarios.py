@@ -44,8 +44,8 @@ SCENARIO_CODE = {name: i + 1 for i, name in enumerate(c.SCENARIOS)}
 REPLAY_DELAY_S = (60.0, 180.0)
 FLOOD_INTERVAL_S = 0.5
 MALFORMED_INTERVAL_S = 10.0
-CLONE_DISTANCE_DEG = (4.0, 9.0)
-TRAVEL_DISTANCE_DEG = (14.0, 27.0)
+CLONE_DISTANCE_DEG = (6.0, 12.0)  # 400-1,000 km
+TRAVEL_DISTANCE_DEG = (20.0, 36.0)  # 1,500-3,000 km
 
 # (metric, how, low, high): "add" adds, "mul" multiplies, "ramp" adds per simulated minute.
 _MODIFIERS: dict[str, tuple[tuple[str, str, float, float], ...]] = {
@@ -166,12 +166,11 @@ def choose_params(
 
 
 def _offset(rng: np.random.Generator, bounds: tuple[float, float]) -> dict[str, Any]:
-    distance = float(rng.uniform(*bounds))
-    angle = float(rng.uniform(0, 2 * np.pi))
-    return {
-        "dlat": round(distance * np.sin(angle) * 0.5, 4),
-        "dlon": round(distance * np.cos(angle), 4),
-    }
+    """A jump of ``bounds`` degrees both north-south (half of it) and east-west, random signs."""
+    low, high = bounds
+    north = float(rng.uniform(low / 2, high / 2)) * float(rng.choice([-1.0, 1.0]))
+    east = float(rng.uniform(low, high)) * float(rng.choice([-1.0, 1.0]))
+    return {"dlat": round(north, 4), "dlon": round(east, 4)}
 
 
 def apply_values(inj: Injection, events: Events, power_factor: np.ndarray) -> None:

@@ -1,0 +1,75 @@
+"""Settings from the environment, clear errors, secret redaction, token bucket and clock start."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from infra.errors import ConfigError
+from infra.settings import load_settings
+from simulator.producer import TokenBucket, default_start, producer_config
+from simulator.settings import SimulatorSettings, redact
+
+
+def test_environment_lists_dicts_and_kafka_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IOT_SIM_SCENARIOS", "tampering, flood")
+    monkeypatch.setenv("IOT_SIM_SCENARIO_RATES", '{"flood": 12}')
+    monkeypatch.setenv("IOT_SIM_KAFKA_OPTIONS", '{"security.protocol": "SASL_SSL", '
+                       '"sasl.password": "s3cret", "linger.ms": "5"}')  # fmt: skip
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "broker:9093")
+    settings = load_settings(SimulatorSettings)
+    assert settings.scenarios == ["tampering", "flood"]
+    assert settings.rate_of("flood") == 12 and settings.rate_of("tampering") == 6.0
+    assert settings.rate_of("spike") == 0.0
+    conf = producer_config(settings)
+    assert conf["bootstrap.servers"] == "broker:9093"
+    assert conf["security.protocol"] == "SASL_SSL" and conf["linger.ms"] == "5"
+    assert conf["enable.idempotence"] is True and conf["acks"] == "all"
+    assert redact(settings.kafka_options)["sasl.password"] == "***"
+    assert "s3cret" not in repr(redact(settings.kafka_options))
+
+
+def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IOT_SIM_SCENARIOS", "tampering,teleport")
+    with pytest.raises(ConfigError, match=r"IOT_SIM_SCENARIOS.*teleport"):
+        load_settings(SimulatorSettings)
+    monkeypatch.delenv("IOT_SIM_SCENARIOS")
+    monkeypatch.setenv("IOT_SIM_DEVICES", "0")
+    with pytest.raises(ConfigError, match="IOT_SIM_DEVICES"):
+        load_settings(SimulatorSettings)
+
+
+def test_every_setting_is_described() -> None:
+    assert all(f.description for f in SimulatorSettings.model_fields.values())
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_token_bucket_holds_the_rate() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(1000.0, clock=clock, sleep=clock.sleep)
+    for _ in range(600):
+        bucket.acquire(100)
+        clock.now += 0.001  # the work of sending
+    assert 60_000 / clock.now == pytest.approx(1000.0, rel=0.01)
+
+
+def test_fast_runs_end_near_now() -> None:
+    now = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    assert default_start(SimulatorSettings(), 50.0, now) == now
+    fast = SimulatorSettings(accelerate=3600, duration=60)
+    assert default_start(fast, 50.0, now) == now - timedelta(hours=60)
+    counted = SimulatorSettings(rate=1000, count=180_000)
+    assert default_start(counted, 50.0, now) == now - timedelta(seconds=3600)
+    fixed = SimulatorSettings(start_time=datetime(2026, 1, 1))
+    assert default_start(fixed, 50.0, now) == datetime(2026, 1, 1, tzinfo=timezone.utc)

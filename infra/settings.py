@@ -111,7 +111,10 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
         prefix = str(cls.model_config.get("env_prefix", ""))
         problems = []
         for error in exc.errors():
-            name = str(error["loc"][0]) if error["loc"] else "?"
+            if not error["loc"]:  # a check across several settings
+                problems.append(f"  {error['msg']}")
+                continue
+            name = str(error["loc"][0])
             field = cls.model_fields.get(name)
             alias = field.validation_alias if field is not None else None
             variable = alias if isinstance(alias, str) else f"{prefix}{name}".upper()

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, list[str], str]] = {
     "eval": ("models.cli", ["eval"], "score the alerts table against ground truth"),
     "dashboard": ("dashboard.cli", [], "the Streamlit dashboard"),
     "sql": ("iotfraud.sql", [], "run Spark SQL over the lake's tables"),
+    "config": ("iotfraud.config", [], "print every setting with its variable and default"),
     "demo": ("iotfraud.demo", [], "run the whole demo"),
     "bench": ("iotfraud.bench", [], "run a benchmark from bench/"),
 }

@@ -131,3 +131,48 @@ def test_files_source_feeds_the_same_pipeline(spark: Any, lake: str, tmp_path: P
     # Running again over the same files changes nothing.
     job.run_available_now(spark, settings)
     assert table(spark, lake, "telemetry").count() == 12
+
+
+def test_late_events_update_windows_within_the_watermark_and_are_counted_beyond(
+    spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str, tmp_path: Path
+) -> None:
+    topic = make_topic(partitions=1)
+    now = datetime.now(timezone.utc)
+    start = now.replace(minute=now.minute - now.minute % 10, second=0, microsecond=0) - timedelta(
+        hours=1
+    )
+    write_registry(lake, ["dev-1"])
+    settings = settings_for(lake, tmp_path, bootstrap_servers=bootstrap, topic=topic)
+    pipeline = job.start(spark, settings)
+
+    def process() -> None:
+        for query in pipeline.queries:
+            query.processAllAvailable()
+        pipeline.queries[1].processAllAvailable()
+
+    def count_in_first_window() -> int:
+        row = (
+            table(spark, lake, "features")
+            .where(f"device_id = 'dev-1' AND window_start = '{start:%Y-%m-%d %H:%M:%S}'")
+            .first()
+        )
+        return int(row.event_count) if row else 0
+
+    try:
+        series = device_series("dev-1", start, 60, every_s=30)  # 30 minutes of readings
+        produce(bootstrap, topic, encoded(series[:20] + series[22:]))
+        process()
+        assert count_in_first_window() == 18
+        # Watermark: 30 min of data - 10 min = start + 19.5 min. Two readings of the first
+        # window arrive late but within it; one from two hours earlier is beyond it.
+        too_late = device_series("dev-1", start - timedelta(hours=2), 1)
+        produce(bootstrap, topic, encoded(series[20:22] + too_late))
+        process()
+        process()  # the next batch reports the rows the previous one dropped
+        assert count_in_first_window() == 20
+        assert table(spark, lake, "telemetry").count() == 61  # bronze keeps every valid event
+        pipeline.flush_metrics()
+        late = table(spark, lake, "pipeline_metrics").where("query_name = 'features'")
+        assert late.agg({"late_rows_dropped": "sum"}).first()[0] >= 1
+    finally:
+        pipeline.stop()

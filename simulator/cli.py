@@ -206,7 +206,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         seconds = args.sim_seconds or 3600.0
         files = write_jsonl(sim.batches(sim_seconds=seconds, count=settings.count or None),
                             args.out)  # fmt: skip
-        rows = sim.finish()
+        rows = sim.finish(sim.cut_at)
         if settings.write_ground_truth:
             from simulator.scenarios import write_ground_truth
 

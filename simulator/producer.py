@@ -235,11 +235,12 @@ def run_simulation(
     deadline = t_begin + settings.duration if settings.duration else None
     next_progress = t_begin + settings.progress_interval_s
     pending_truth: list[GroundTruthRow] = []
+    last_sent: float | None = None
     next_truth = t_begin + GROUND_TRUTH_EVERY_S
 
     def paced_send(batch: Batch) -> bool:
         """Send a batch chunk by chunk, pacing each; False when stopped part-way."""
-        nonlocal next_progress
+        nonlocal next_progress, last_sent
         n = len(batch)
         if bucket is not None:
             step = max(1, int(settings.rate * 0.02))
@@ -264,6 +265,7 @@ def run_simulation(
                 if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
                     return False
             sender.send(batch.keys[lo:hi], batch.values[lo:hi])
+            last_sent = float(batch.send_times[hi - 1])
             now = time.monotonic()
             if progress is not None and now >= next_progress:
                 stats.elapsed_s = now - t_begin
@@ -301,7 +303,8 @@ def run_simulation(
         sender.flush()
         stats.elapsed_s = time.monotonic() - t_begin
         before = len(sim.ground_truth)
-        sim.finish()
+        # Injections are clipped to the last message sent, wherever the run stopped.
+        sim.finish(last_sent if last_sent is not None else sim_begin)
         closed = sim.ground_truth[before:]
         stats.injections += len(closed)
         pending_truth.extend(closed)

@@ -267,6 +267,8 @@ class Simulation:
         self._busy: set[int] = set()
         self._injections = 0
         self._registered = int(self.fleet.registered.sum())
+        # Send time of the last message kept when ``batches(count=...)`` cut a batch short.
+        self.cut_at: float | None = None
 
     @property
     def now(self) -> datetime:
@@ -576,11 +578,16 @@ class Simulation:
         self.ground_truth.append(row)
         return row
 
-    def finish(self) -> list[sc.GroundTruthRow]:
-        """Close the injections still running at the current time; returns every row so far."""
+    def finish(self, until_s: float | None = None) -> list[sc.GroundTruthRow]:
+        """Close the injections still running, clipped to ``until_s`` (default: the clock).
+
+        Pass the send time of the last message actually sent when a batch was cut short.
+        Returns every ground-truth row so far.
+        """
+        until = self.t if until_s is None else min(until_s, self.t)
         for inj in self.active:
-            if inj.start < self.t:
-                self._record(inj, self.t)
+            if inj.start < until:
+                self._record(inj, until)
         self.active = []
         return list(self.ground_truth)
 
@@ -600,7 +607,9 @@ class Simulation:
                 step = min(step, end - self.t)
             batch = self.next_batch(step)
             if count is not None and sent + len(batch) >= count:
-                yield _cut(batch, count - sent)
+                cut = _cut(batch, count - sent)
+                self.cut_at = float(cut.send_times[-1]) if len(cut) else batch.start_s
+                yield cut
                 return
             sent += len(batch)
             yield batch

@@ -138,6 +138,15 @@ class StringTable:
         width = int(self.lengths[codes].max(initial=2))
         return self.rows[codes, :width]
 
+    def extended(self, strings: list[str]) -> StringTable:
+        """This table with ``strings`` appended (widened when one of them is longer)."""
+        more = padded_strings(strings)
+        width = max(self.rows.shape[1], more.rows.shape[1])
+        rows = np.full((self.rows.shape[0] + more.rows.shape[0], width), _SPACE, np.uint8)
+        rows[: self.rows.shape[0], : self.rows.shape[1]] = self.rows
+        rows[self.rows.shape[0] :, : more.rows.shape[1]] = more.rows
+        return StringTable(rows, np.concatenate([self.lengths, more.lengths]))
+
 
 def padded_strings(strings: list[str]) -> StringTable:
     quoted = [json.dumps(s).encode() for s in strings]

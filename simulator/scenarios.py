@@ -115,10 +115,6 @@ class Injection:
         inside: np.ndarray = (t >= self.start) & (t < self.end)
         return inside
 
-    def mask(self, events: Events) -> np.ndarray:
-        inside: np.ndarray = (events.dev == self.dev) & self.window(events.t)
-        return inside
-
 
 def eligible(scenario: str, device_type: str) -> bool:
     """Whether ``scenario`` makes sense for a device of ``device_type``."""
@@ -173,58 +169,57 @@ def _offset(rng: np.random.Generator, bounds: tuple[float, float]) -> dict[str, 
     return {"dlat": round(north, 4), "dlon": round(east, 4)}
 
 
-def apply_values(inj: Injection, events: Events, power_factor: np.ndarray) -> None:
+def apply_values(inj: Injection, events: Events, power_factor: np.ndarray, own: np.ndarray) -> None:
     """Change the readings of ``events`` that fall in the injection (in place).
 
-    ``power_factor`` is each event's true power factor, so power can follow a changed current.
+    ``own`` indexes the events of the injection's device (clone readings included), so the cost
+    does not grow with the batch; ``power_factor`` is each event's true power factor, so power
+    can follow a changed current or voltage.
     """
-    mask = inj.mask(events) & (events.clone < 0)
-    if not mask.any() and inj.scenario not in ("cloned_device",):
-        return
+    clone = own[events.clone[own] == inj.params.get("index", -2)]
+    idx = own[inj.window(events.t[own]) & (events.clone[own] < 0)]
     p = inj.params
     s = inj.scenario
     m = events.metrics
     if s in ("spike", "dip", "drift"):
         col = METRIC_INDEX[p["metric"]]
         if p["how"] == "add":
-            m[mask, col] += p["amount"]
+            m[idx, col] += p["amount"]
         elif p["how"] == "mul":
-            m[mask, col] *= p["amount"]
+            m[idx, col] *= p["amount"]
         else:
-            m[mask, col] += p["amount"] * (events.t[mask] - inj.start) / 60.0
+            m[idx, col] += p["amount"] * (events.t[idx] - inj.start) / 60.0
         if p["metric"] in ("current_a", "voltage_v"):
-            _power_follows(events, mask, power_factor)
+            _power_follows(events, idx, power_factor)
     elif s == "tampering":
         v, i, w = METRIC_INDEX["voltage_v"], METRIC_INDEX["current_a"], METRIC_INDEX["power_w"]
-        m[mask, w] = m[mask, v] * m[mask, i] * p["power_factor"]
-    elif s == "stuck_sensor":
+        m[idx, w] = m[idx, v] * m[idx, i] * p["power_factor"]
+    elif s == "stuck_sensor" and idx.size:
         col = METRIC_INDEX[p["metric"]]
         if "value" not in p:
-            first = np.flatnonzero(mask)[0]
-            p["value"] = round(float(m[first, col]), 2)
-        m[mask, col] = p["value"]
+            p["value"] = round(float(m[idx[np.argmin(events.t[idx])], col]), 2)
+        m[idx, col] = p["value"]
     elif s == "impossible_travel":
-        events.lat[mask] += p["dlat"]
-        events.lon[mask] += p["dlon"]
+        events.lat[idx] += p["dlat"]
+        events.lon[idx] += p["dlon"]
     elif s == "cloned_device":
-        clone = events.clone == inj.params["index"]
         events.lat[clone] += p["dlat"]
         events.lon[clone] += p["dlon"]
-        mask = mask | clone
+        idx = np.concatenate([idx, clone])
     elif s == "firmware_change":
-        events.firmware[mask] = p["firmware_code"]
+        events.firmware[idx] = p["firmware_code"]
     elif s == "clock_skew":
-        events.t_event[mask] += p["skew_s"]
+        events.t_event[idx] += p["skew_s"]
     elif s in ("replay", "malformed"):
         # The device's own readings are genuine; only the extra messages carry the tag.
         return
-    events.tag[mask] = inj.code
+    events.tag[idx] = inj.code
 
 
-def _power_follows(events: Events, mask: np.ndarray, power_factor: np.ndarray) -> None:
+def _power_follows(events: Events, idx: np.ndarray, power_factor: np.ndarray) -> None:
     v, i, w = METRIC_INDEX["voltage_v"], METRIC_INDEX["current_a"], METRIC_INDEX["power_w"]
     m = events.metrics
-    has_power = ~np.isnan(m[:, w]) & mask
+    has_power = idx[~np.isnan(m[idx, w])]
     m[has_power, w] = m[has_power, v] * m[has_power, i] * power_factor[has_power]
 
 

@@ -146,8 +146,12 @@ class Fleet:
         return index
 
     def id_rows(self) -> StringTable:
-        if self._id_rows is None or self._id_rows.rows.shape[0] != len(self):
+        """Device ids as a ``StringTable``, extended (not rebuilt) when rogue devices appear."""
+        if self._id_rows is None:
             self._id_rows = padded_strings(self.ids.tolist())
+        elif self._id_rows.rows.shape[0] != len(self):
+            new = self.ids[self._id_rows.rows.shape[0] :].tolist()
+            self._id_rows = self._id_rows.extended(new)
         return self._id_rows
 
     def firmware_rows(self) -> StringTable:
@@ -397,9 +401,12 @@ class Simulation:
             clone=clone,
         )
         self._assign_seq(events)
+        by_device = np.argsort(events.dev, kind="stable")
+        sorted_devices = events.dev[by_device]
         for inj in self.active:
             if inj.start < t1 and inj.end > t0:
-                sc.apply_values(inj, events, pf)
+                lo, hi = np.searchsorted(sorted_devices, [inj.dev, inj.dev + 1])
+                sc.apply_values(inj, events, pf, by_device[lo:hi])
         clamp_to_contract(events)
         order = np.argsort(events.t, kind="stable")
         events = events.take(order)

@@ -62,7 +62,24 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
+START_MARK = "<!-- config-table:start -->"
+END_MARK = "<!-- config-table:end -->"
+
+
+def with_table(readme: str) -> str:
+    """``readme`` with the text between the config-table markers replaced by the current table."""
+    head, rest = readme.split(START_MARK, 1)
+    _, tail = rest.split(END_MARK, 1)
+    return f"{head}{START_MARK}\n{markdown_table()}\n{END_MARK}{tail}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="iotfraud config", description=__doc__).parse_args(argv)
+    parser = argparse.ArgumentParser(prog="iotfraud config", description=__doc__)
+    parser.add_argument("--update", metavar="README", help="rewrite the table in this file")
+    args = parser.parse_args(argv)
+    if args.update:
+        path = Path(args.update)
+        path.write_text(with_table(path.read_text()))
+        return 0
     print(markdown_table())
     return 0

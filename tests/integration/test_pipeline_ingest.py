@@ -150,26 +150,28 @@ def test_late_events_update_windows_within_the_watermark_and_are_counted_beyond(
             query.processAllAvailable()
         pipeline.queries[1].processAllAvailable()
 
-    def count_in_first_window() -> int:
+    window = start + timedelta(minutes=20)
+
+    def count_in_window() -> int:
         row = (
             table(spark, lake, "features")
-            .where(f"device_id = 'dev-1' AND window_start = '{start:%Y-%m-%d %H:%M:%S}'")
+            .where(f"device_id = 'dev-1' AND window_start = '{window:%Y-%m-%d %H:%M:%S}'")
             .first()
         )
         return int(row.event_count) if row else 0
 
     try:
         series = device_series("dev-1", start, 60, every_s=30)  # 30 minutes of readings
-        produce(bootstrap, topic, encoded(series[:20] + series[22:]))
+        produce(bootstrap, topic, encoded(series[:45] + series[47:]))
         process()
-        assert count_in_first_window() == 18
-        # Watermark: 30 min of data - 10 min = start + 19.5 min. Two readings of the first
-        # window arrive late but within it; one from two hours earlier is beyond it.
+        assert count_in_window() == 18
+        # Watermark: latest event (29.5 min) - 10 min = 19.5 min. The two readings held back
+        # (22.5 and 23 min) are late but within it; one from two hours earlier is beyond it.
         too_late = device_series("dev-1", start - timedelta(hours=2), 1)
-        produce(bootstrap, topic, encoded(series[20:22] + too_late))
+        produce(bootstrap, topic, encoded(series[45:47] + too_late))
         process()
         process()  # the next batch reports the rows the previous one dropped
-        assert count_in_first_window() == 20
+        assert count_in_window() == 20
         assert table(spark, lake, "telemetry").count() == 61  # bronze keeps every valid event
         pipeline.flush_metrics()
         late = table(spark, lake, "pipeline_metrics").where("query_name = 'features'")

@@ -96,6 +96,7 @@ def test_sigterm_stops_the_pipeline_cleanly(
             if telemetry_version(telemetry) >= 1:  # created, then a first batch appended
                 break
             time.sleep(0.5)
+        time.sleep(3)  # let the status line (every second) report the batch
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
     finally:

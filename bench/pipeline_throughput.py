@@ -1,0 +1,167 @@
+"""Pipeline throughput: events/s through the whole job on local[2], reading a pre-filled topic.
+
+Usage::
+
+    .venv/bin/python bench/pipeline_throughput.py [--events 200000] [--devices 2000]
+
+Starts its own broker (free ports, temp folder) unless KAFKA_BOOTSTRAP_SERVERS is set, fills a
+topic with the simulator (all scenarios on), then, on the same topic and one SparkSession:
+
+1. this project's job with ``availableNow``: ingest (parse, quarantine, exactly-once dedup,
+   telemetry) and then features (registry join, sliding windows, rules, alerts MERGE);
+2. the textbook job: ``from_json`` -> watermark -> sliding window -> ``foreachBatch`` with
+   ``toPandas`` + ``predict`` (an IsolationForest) + Delta append.
+
+Prints a JSON object with the rates and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from infra import contract as c
+from infra.kafka import KafkaBroker
+from infra.ports import free_port
+from infra.settings import SparkSettings, StackSettings
+from infra.spark import build_spark_session
+from pipeline import job
+from pipeline.settings import PipelineSettings
+
+
+def fill_topic(bootstrap: str, topic: str, lake: str, events: int, devices: int) -> float:
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "simulator", "simulate", "--devices", str(devices),
+         "--count", str(events), "--accelerate", "0", "--no-progress", "--partitions", "4",
+         "--bootstrap-servers", bootstrap, "--topic", topic, "--lake-root", lake],
+        check=True,
+    )  # fmt: skip
+    return time.perf_counter() - started
+
+
+def textbook(spark: Any, bootstrap: str, topic: str, out: Path, settings: PipelineSettings) -> int:
+    """The usual first version of such a job, for comparison."""
+    import numpy as np
+    from pyspark.sql import functions as F
+    from sklearn.ensemble import IsolationForest
+
+    metrics = ["voltage_v", "current_a", "power_w", "temperature_c"]
+    model = IsolationForest(n_estimators=50, random_state=0).fit(
+        np.random.default_rng(0).normal(size=(1000, len(metrics) + 1))
+    )
+    schema = (
+        "event_id string, device_id string, event_time timestamp, seq long, firmware string, "
+        "lat double, lon double, metrics struct<" + ",".join(f"{m}:double" for m in c.METRICS) + ">"
+    )
+    rows = {"n": 0}
+
+    def score(batch: Any, batch_id: int) -> None:
+        pdf = batch.toPandas()
+        if pdf.empty:
+            return
+        features = pdf[["count", *metrics]].fillna(0.0).to_numpy()
+        pdf["score"] = -model.score_samples(features)
+        rows["n"] += len(pdf)
+        batch.sparkSession.createDataFrame(pdf).write.format("delta").mode("append").save(
+            str(out / "alerts")
+        )
+
+    events = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
+        .load()
+        .select(F.from_json(F.col("value").cast("string"), schema).alias("e"))
+        .select("e.*", "e.metrics.*")
+        .withWatermark("event_time", settings.watermark)
+        .groupBy("device_id", F.window("event_time", settings.window, settings.slide))
+        .agg(F.count("*").alias("count"), *(F.avg(m).alias(m) for m in metrics))
+    )
+    query = (
+        events.writeStream.outputMode("update")
+        .option("checkpointLocation", str(out / "cp"))
+        .trigger(availableNow=True)
+        .foreachBatch(score)
+        .start()
+    )
+    query.awaitTermination()
+    return rows["n"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--devices", type=int, default=2_000)
+    parser.add_argument("--max-offsets", type=int, default=100_000)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="pipebench-") as tmp:
+        root = Path(tmp)
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        broker = None
+        if not bootstrap:
+            broker = KafkaBroker(root / "kafka", StackSettings().cache_dir, port=free_port(),
+                                 controller_port=free_port(), heap="1g")  # fmt: skip
+            broker.start()
+            bootstrap = broker.bootstrap_servers
+        try:
+            topic = f"bench.{uuid.uuid4().hex[:8]}"
+            lake = str(root / "lake")
+            fill_s = fill_topic(bootstrap, topic, lake, args.events, args.devices)
+            spark = build_spark_session(
+                "pipeline-bench", SparkSettings(master="local[2]", shuffle_partitions=2)
+            )
+            settings = PipelineSettings(
+                lake_root=lake, checkpoint_root=str(root / "cp"), bootstrap_servers=bootstrap,
+                topic=topic, max_offsets_per_trigger=args.max_offsets,
+                mlflow_tracking_uri=f"sqlite:///{root / 'mlflow.db'}",
+            )  # fmt: skip
+            started = time.perf_counter()
+            pipeline = job.Pipeline(spark, settings.model_copy(update={"trigger": "available_now"}),
+                                    job.MetricsListener(str(root / "metrics")))  # fmt: skip
+            job.ensure_tables(spark, lake)
+            pipeline.start_ingest().awaitTermination()
+            ingest_s = time.perf_counter() - started
+            pipeline.start_features().awaitTermination()
+            total_s = time.perf_counter() - started
+            telemetry = spark.read.format("delta").load(f"{lake}/telemetry").count()
+            alerts = spark.read.format("delta").load(f"{lake}/alerts").count()
+
+            started = time.perf_counter()
+            windows = textbook(spark, bootstrap, topic, root / "textbook", settings)
+            textbook_s = time.perf_counter() - started
+        finally:
+            if broker:
+                broker.stop()
+    result = {
+        "events": args.events,
+        "devices": args.devices,
+        "fill_topic_s": round(fill_s, 1),
+        "ingest_s": round(ingest_s, 1),
+        "ingest_events_per_s": round(args.events / ingest_s),
+        "pipeline_s": round(total_s, 1),
+        "pipeline_events_per_s": round(args.events / total_s),
+        "telemetry_rows": telemetry,
+        "alerts": alerts,
+        "textbook_s": round(textbook_s, 1),
+        "textbook_events_per_s": round(args.events / textbook_s),
+        "textbook_windows_scored": windows,
+        "pipeline_vs_textbook": round(textbook_s / total_s, 2),
+    }
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

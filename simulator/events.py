@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 
 TYPES = tuple(c.DEVICE_TYPES)
 METRIC_INDEX = {m: i for i, m in enumerate(c.METRICS)}
-_HEX_PAIRS = np.frombuffer(b"".join(b"%02x" % i for i in range(256)), np.uint8).reshape(256, 2)
 _UUID_HEX_POS = np.array([i for i in range(36) if i not in (8, 13, 18, 23)])
 _SPACE, _ZERO, _MINUS, _DOT = ord(" "), ord("0"), ord("-"), ord(".")
 
@@ -197,7 +196,8 @@ def uuid4_rows(rng: np.random.Generator, n: int) -> np.ndarray:
     raw = np.frombuffer(rng.bytes(16 * n), dtype=np.uint8).reshape(n, 16).copy()
     raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40
     raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80
-    hexed = _HEX_PAIRS[raw].reshape(n, 32)
+    # bytes.hex() is C-speed; numpy fancy indexing through a hex table is ~3x slower.
+    hexed = np.frombuffer(raw.tobytes().hex().encode(), dtype=np.uint8).reshape(n, 32)
     out = np.empty((n, 36), dtype=np.uint8)
     out[:, _UUID_HEX_POS] = hexed
     out[:, [8, 13, 18, 23]] = _MINUS

@@ -87,6 +87,7 @@ def textbook(spark: Any, bootstrap: str, topic: str, out: Path, settings: Pipeli
         .withWatermark("event_time", settings.watermark)
         .groupBy("device_id", F.window("event_time", settings.window, settings.slide))
         .agg(F.count("*").alias("count"), *(F.avg(m).alias(m) for m in metrics))
+        .select("device_id", "window.start", "window.end", "count", *metrics)
     )
     query = (
         events.writeStream.outputMode("update")

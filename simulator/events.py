@@ -5,7 +5,7 @@ numpy: each field becomes a fixed-width block of ASCII bytes and a batch is one 
 device type (a sensor the type lacks is the literal ``null``), about 50x faster than ``json.dumps``
 or ``%``-formatting one event at a time.
 
-Wire format (one definition, documented in the simulator README section)::
+Wire format (one definition; ``json.loads`` gives the contract's event)::
 
     {"event_id":"<uuid4>","device_id":"dev-000042","event_time":"2026-01-05T10:00:00.000Z",
      "seq":17,"firmware":"sm-4.2.1","lat":40.712800,"lon":-74.006000,

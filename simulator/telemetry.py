@@ -406,7 +406,9 @@ class Simulation:
         for inj in self.active:
             if inj.start < t1 and inj.end > t0:
                 lo, hi = np.searchsorted(sorted_devices, [inj.dev, inj.dev + 1])
-                sc.apply_values(inj, events, pf, by_device[lo:hi])
+                own = by_device[lo:hi]
+                sc.apply_values(inj, events, pf, own)
+                inj.sent += int(np.count_nonzero(events.tag[own] == inj.code))
         clamp_to_contract(events)
         order = np.argsort(events.t, kind="stable")
         events = events.take(order)
@@ -419,8 +421,8 @@ class Simulation:
             event_ids=uuid4_rows(self.rng, len(events)),
         )
         keys: list[bytes] = self.fleet.keys[events.dev].tolist()
-        send = [events.t]
-        tags = [events.tag]
+        send_times = events.t
+        tags = events.tag
         extra_keys: list[bytes] = []
         extra_values: list[bytes] = []
         extra_labels: list[str | None] = []
@@ -445,8 +447,6 @@ class Simulation:
                     extra_labels.append(reason)
                     extra_tags.append(inj.code)
                     inj.sent += 1
-            else:
-                inj.sent += int(np.count_nonzero(events.tag[events.dev == inj.dev] == inj.code))
         labels: dict[int, str] = {}
         if extra_values:
             all_t = np.concatenate([events.t, np.asarray(extra_t)])
@@ -455,8 +455,8 @@ class Simulation:
             position[order] = np.arange(order.size)
             keys = np.asarray(keys + extra_keys, dtype=object)[order].tolist()
             values = np.asarray(values + extra_values, dtype=object)[order].tolist()
-            send = [all_t[order]]
-            tags = [np.concatenate([events.tag, np.asarray(extra_tags, np.int8)])[order]]
+            send_times = all_t[order]
+            tags = np.concatenate([events.tag, np.asarray(extra_tags, np.int8)])[order]
             base = len(events)
             labels = {
                 int(position[base + i]): reason
@@ -468,8 +468,8 @@ class Simulation:
         return Batch(
             keys=keys,
             values=values,
-            send_times=send[0],
-            tags=tags[0],
+            send_times=send_times,
+            tags=tags,
             labels=labels,
             start_s=t0,
             end_s=t1,

@@ -156,8 +156,25 @@ def padded_strings(strings: list[str]) -> StringTable:
     return StringTable(table, np.asarray([len(q) for q in quoted], dtype=np.int64))
 
 
-def _literal(text: str, n: int) -> np.ndarray:
-    return np.broadcast_to(np.frombuffer(text.encode(), dtype=np.uint8), (n, len(text)))
+def _assemble(parts: list[str | np.ndarray], n: int) -> np.ndarray:
+    """One ``(n, width)`` byte matrix from literal texts and per-row blocks, in order.
+
+    Adjacent literals are merged, so a run of ``null`` sensors costs one copy.
+    """
+    merged: list[str | np.ndarray] = []
+    for part in parts:
+        if isinstance(part, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += part
+        else:
+            merged.append(part)
+    widths = [len(p) if isinstance(p, str) else p.shape[1] for p in merged]
+    matrix = np.empty((n, sum(widths)), dtype=np.uint8)
+    start = 0
+    for part, width in zip(merged, widths, strict=True):
+        block = np.frombuffer(part.encode(), np.uint8) if isinstance(part, str) else part
+        matrix[:, start : start + width] = block
+        start += width
+    return matrix
 
 
 def _zero_padded(values: np.ndarray, width: int) -> np.ndarray:
@@ -237,27 +254,26 @@ def encode(
         idx = np.flatnonzero(types == code)
         if idx.size == 0:
             continue
-        k = idx.size
         sensors = c.DEVICE_TYPES[device_type]
-        parts = [
-            _literal('{"event_id":"', k), event_ids[idx],
-            _literal('","device_id":', k), device_ids.take(events.dev[idx]),
-            _literal(',"event_time":"', k), times[idx],
-            _literal('","seq":', k), fixed_point(events.seq[idx], 0),
-            _literal(',"firmware":', k), firmware_table.take(events.firmware[idx]),
-            _literal(',"lat":', k), fixed_point(events.lat[idx], 6),
-            _literal(',"lon":', k), fixed_point(events.lon[idx], 6),
-            _literal(',"metrics":{', k),
+        parts: list[str | np.ndarray] = [
+            '{"event_id":"', event_ids[idx],
+            '","device_id":', device_ids.take(events.dev[idx]),
+            ',"event_time":"', times[idx],
+            '","seq":', fixed_point(events.seq[idx], 0),
+            ',"firmware":', firmware_table.take(events.firmware[idx]),
+            ',"lat":', fixed_point(events.lat[idx], 6),
+            ',"lon":', fixed_point(events.lon[idx], 6),
+            ',"metrics":{',
         ]  # fmt: skip
         for j, metric in enumerate(c.METRICS):
             comma = "," if j else ""
             if metric in sensors:
-                parts.append(_literal(f'{comma}"{metric}":', k))
+                parts.append(f'{comma}"{metric}":')
                 parts.append(fixed_point(events.metrics[idx, METRIC_INDEX[metric]], 2))
             else:
-                parts.append(_literal(f'{comma}"{metric}":null', k))
-        parts.append(_literal("}}", k))
-        matrix = np.ascontiguousarray(np.concatenate(parts, axis=1))
+                parts.append(f'{comma}"{metric}":null')
+        parts.append("}}")
+        matrix = _assemble(parts, idx.size)
         out[idx] = matrix.view(f"S{matrix.shape[1]}").ravel().tolist()
     values: list[bytes] = out.tolist()
     return values

@@ -58,27 +58,23 @@ class IngestBatchWriter:
         ``telemetry`` (within the dedup horizon)."""
         parsed = parse_events(batch).localCheckpoint(eager=True)
         valid = valid_events(parsed)
-        bounds = valid.agg(F.min("event_time"), F.max("event_time")).first()
-        if bounds is None or bounds[0] is None:
-            return parsed.withColumn("is_new", F.lit(False))
         horizon_start = F.current_timestamp() - F.expr(f"INTERVAL {self.dedup_horizon}")
         # Rows carrying this batch's own Kafka coordinates were written by an earlier attempt
         # of this batch (killed before its checkpoint commit): they do not count as seen.
-        this_batch = valid.select(*_COORDS)
+        this_batch = valid.select("event_id", *_COORDS)
         seen = (
             parsed.sparkSession.read.format("delta")
             .load(telemetry_path)
-            .where(
-                (F.col("event_time") >= F.greatest(F.lit(bounds[0]), horizon_start))
-                & (F.col("event_time") <= F.lit(bounds[1]))
-            )
+            .where(F.col("event_time") >= horizon_start)
             .select("event_id", *_COORDS)
-            .join(this_batch, _COORDS, "left_anti")
+            .join(F.broadcast(this_batch.select("event_id")), "event_id", "left_semi")
+            .join(F.broadcast(this_batch), ["event_id", *_COORDS], "left_anti")
             .select("event_id")
+            .distinct()
         )
         new = (
             first_of_each_event(valid)
-            .join(seen, "event_id", "left_anti")
+            .join(F.broadcast(seen), "event_id", "left_anti")
             .select(
                 F.col("kafka_topic").alias(col.TOPIC),
                 F.col("kafka_partition").alias(col.PARTITION),

@@ -24,6 +24,7 @@ from infra import contract as c
 from infra import lake, stack
 from infra.logs import configure_logging
 from infra.settings import CommonSettings, StackSettings, load_settings
+from simulator.producer import ensure_topic
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             env=env, check=True,
         )  # fmt: skip
 
+    # The pipeline checks its topic at start: create it before either side runs.
+    ensure_topic({"bootstrap.servers": status.bootstrap_servers}, common.topic, partitions=4)
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
@@ -139,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         # Real time: each device reports every 10-30 s, so event times stay close to now.
-        children.start("simulator", ["simulator", "simulate", "--accelerate", "1",
+        # A new seed per run: a rerun must not resend the event ids of the previous one.
+        seed = str(int(time.time()))
+        children.start("simulator", ["simulator", "simulate", "--accelerate", "1", "--seed", seed,
                                      "--no-progress"], env)  # fmt: skip
         children.start("pipeline", ["pipeline", "run"], env)
         if not args.no_dashboard:

@@ -22,14 +22,9 @@ COMMANDS: dict[str, tuple[str, list[str], str]] = {
     "replay": ("simulator.cli", ["replay"], "send recorded telemetry (JSON lines or CSV) to Kafka"),
     "registry": ("simulator.cli", ["registry"], "create or change the device registry"),
     "pipeline": ("pipeline.cli", [], "the Spark Structured Streaming job"),
-    "train": ("models.cli", ["train"], "train, evaluate and register a model"),
-    "models": ("models.cli", ["models"], "list | promote | rollback registered models"),
-    "eval": ("models.cli", ["eval"], "score the alerts table against ground truth"),
     "dashboard": ("dashboard.cli", [], "the Streamlit dashboard"),
-    "sql": ("iotfraud.sql", [], "run Spark SQL over the lake's tables"),
     "config": ("iotfraud.config", [], "print every setting with its variable and default"),
     "demo": ("iotfraud.demo", [], "run the whole demo"),
-    "bench": ("iotfraud.bench", [], "run a benchmark from bench/"),
 }
 
 

@@ -21,9 +21,12 @@ pytestmark = pytest.mark.integration
 
 
 def test_simulator_output_parses_as_labelled(spark: Any) -> None:
-    settings = SimulatorSettings(devices=150, seed=11, scenario_rate=6)
+    # Every scenario on, about 10 injections each in the half hour, plus explicit malformed ones.
+    settings = SimulatorSettings(devices=150, seed=11, scenario_rate=130)
     start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=2)
     sim = Simulation(settings, build_registry(150, seed=11), start_time=start)
+    for at in range(0, 1800, 300):
+        sim.inject("malformed", start_s=at, duration_s=240)
     keys: list[str | None] = []
     values: list[bytes] = []
     labels: dict[int, str] = {}

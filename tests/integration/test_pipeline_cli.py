@@ -73,6 +73,15 @@ def telemetry_version(path: Path) -> int:
         return -1
 
 
+def metrics_rows(lake: Path) -> int:
+    from deltalake import DeltaTable
+
+    try:
+        return int(DeltaTable(str(lake / "pipeline_metrics")).to_pyarrow_table().num_rows)
+    except Exception:  # not created yet, or its first commit is being written
+        return 0
+
+
 def test_sigterm_stops_the_pipeline_cleanly(
     tmp_path: Path, bootstrap: str, make_topic: Callable[..., str]
 ) -> None:
@@ -93,10 +102,11 @@ def test_sigterm_stops_the_pipeline_cleanly(
         while True:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no telemetry written"
-            if telemetry_version(telemetry) >= 1:  # created, then a first batch appended
+            # The status loop flushes metrics and then prints the status line: once
+            # pipeline_metrics has rows, a status line with the batch has been printed.
+            if telemetry_version(telemetry) >= 1 and metrics_rows(tmp_path / "lake") > 0:
                 break
             time.sleep(0.5)
-        time.sleep(3)  # let the status line (every second) report the batch
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
     finally:

@@ -300,14 +300,17 @@ def read_telemetry(
 
 
 def last_positions(
-    lake_root: str, device_ids: Sequence[str], since: datetime | None = None
+    lake_root: str,
+    device_ids: Sequence[str],
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> pl.DataFrame:
     """``device_id, lat, lon, event_time`` of each device's latest event with a position."""
     if not device_ids:
         return empty_frame(c.TELEMETRY_COLUMNS, ["device_id", "lat", "lon", "event_time"])
     where = _and(
         in_filter("device_id", device_ids),
-        time_filter("event_time", since),
+        time_filter("event_time", since, until),
         ds.field("lat").is_valid() & ds.field("lon").is_valid(),
     )
     frame = read_table(
@@ -316,13 +319,13 @@ def last_positions(
     return frame.sort("event_time").group_by("device_id", maintain_order=True).last()
 
 
-def devices_reporting(lake_root: str, since: datetime | None) -> int:
-    """Distinct devices with at least one event since ``since``."""
+def devices_reporting(lake_root: str, since: datetime | None, until: datetime | None = None) -> int:
+    """Distinct devices with at least one event in ``[since, until)``."""
     dt = open_table(lake_root, lake.TELEMETRY)
     if dt is None:
         return 0
     table = dt.to_pyarrow_dataset().to_table(
-        columns=["device_id"], filter=time_filter("event_time", since)
+        columns=["device_id"], filter=time_filter("event_time", since, until)
     )
     return int(pc.count_distinct(table.column("device_id")).as_py())
 
@@ -438,9 +441,12 @@ def map_points(
 
 
 # --- Pipeline health and evaluation --------------------------------------------------------------
-def read_pipeline_metrics(lake_root: str, since: datetime | None = None) -> pl.DataFrame:
+def read_pipeline_metrics(
+    lake_root: str, since: datetime | None = None, until: datetime | None = None
+) -> pl.DataFrame:
     """Micro-batch progress in time order, with ``watermark_lag_s`` (batch time - watermark)."""
-    frame = read_table(lake_root, lake.PIPELINE_METRICS, where=time_filter("timestamp", since))
+    where = time_filter("timestamp", since, until)
+    frame = read_table(lake_root, lake.PIPELINE_METRICS, where=where)
     return frame.sort("timestamp").with_columns(
         ((pl.col("timestamp") - pl.col("watermark")).dt.total_milliseconds() / 1000.0).alias(
             "watermark_lag_s"
@@ -459,10 +465,15 @@ def ingest_rate(metrics: pl.DataFrame, query: str) -> float | None:
     return float(rows.sort("timestamp")["input_rows_per_second"][-1])
 
 
-def quarantine_by_reason(lake_root: str, since: datetime | None = None) -> pl.DataFrame:
-    """``reason, records`` of the quarantine since ``since`` (ingest time), most first."""
+def quarantine_by_reason(
+    lake_root: str, since: datetime | None = None, until: datetime | None = None
+) -> pl.DataFrame:
+    """``reason, records`` of the quarantine in ``[since, until)`` (ingest time), most first."""
     frame = read_table(
-        lake_root, lake.QUARANTINE, columns=["reason"], where=time_filter("ingest_time", since)
+        lake_root,
+        lake.QUARANTINE,
+        columns=["reason"],
+        where=time_filter("ingest_time", since, until),
     )
     return (
         frame.group_by("reason")

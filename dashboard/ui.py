@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
+from datetime import time as dt_time
 from typing import Any
 
 import altair as alt
@@ -31,7 +32,9 @@ RANGES: dict[str, float | None] = {
     "Last 7 days": 168.0,
     "All time": None,
 }
+CUSTOM = "Custom dates"
 RANGE_KEY = "time_range"
+DATES_KEY = "custom_dates"
 DEVICE_KEY = "device_id"
 ALERT_KEY = "device_alert_id"
 FLASH_KEY = "flash"
@@ -45,19 +48,34 @@ def get_settings() -> DashboardSettings:
 
 def range_picker(settings: DashboardSettings) -> None:
     """The sidebar's time range; its default is the range closest to ``lookback_hours``."""
-    labels = list(RANGES)
+    labels = [*RANGES, CUSTOM]
     default = min(
-        (label for label in labels if RANGES[label] is not None),
+        (label for label in RANGES if RANGES[label] is not None),
         key=lambda label: abs((RANGES[label] or 0.0) - settings.lookback_hours),
     )
-    st.sidebar.selectbox("Time range", labels, index=labels.index(default), key=RANGE_KEY)
+    choice = st.sidebar.selectbox("Time range", labels, index=labels.index(default), key=RANGE_KEY)
+    if choice == CUSTOM:
+        today = data.utcnow().date()
+        st.sidebar.date_input(
+            "Dates (UTC)", value=(today - timedelta(days=1), today), key=DATES_KEY
+        )
 
 
-def time_window() -> tuple[datetime | None, datetime]:
-    """``(since, now)`` for the selected range, recomputed on each (fragment) run."""
+def time_window() -> tuple[datetime | None, datetime | None]:
+    """``(since, until)`` of the selected range, recomputed on each (fragment) run.
+
+    Relative ranges have no upper bound, so events stamped slightly in the future (device clock
+    skew) are not hidden; custom dates cover whole UTC days.
+    """
     label = st.session_state.get(RANGE_KEY) or "Last 24 hours"
-    now = data.utcnow()
-    return data.lookback(RANGES.get(label, 24.0), now), now
+    if label == CUSTOM:
+        dates = tuple(st.session_state.get(DATES_KEY) or ())
+        if dates:
+            first, last = dates[0], dates[-1]
+            since = datetime.combine(first, dt_time(0), timezone.utc)
+            return since, datetime.combine(last, dt_time(0), timezone.utc) + timedelta(days=1)
+        label = "Last 24 hours"
+    return data.lookback(RANGES.get(label, 24.0)), None
 
 
 def refreshing(settings: DashboardSettings, body: Callable[[], None]) -> None:

@@ -6,8 +6,12 @@ numbers the pages must show; ``register_champion`` puts a champion model in an M
 
 from __future__ import annotations
 
+import functools
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -344,3 +348,19 @@ def register_champion(tracking_uri: str, metrics: dict[str, float] | None = None
         version = str(mv.version)
     client.set_registered_model_alias(MODEL_NAME, "champion", version)
     return version
+
+
+@functools.cache
+def _champion_template() -> tuple[Path, str]:
+    # Creating an MLflow SQLite store runs its schema migrations (seconds): do it once per run.
+    folder = Path(tempfile.mkdtemp(prefix="mlflow-template-"))
+    version = register_champion(f"sqlite:///{folder / 'mlflow.db'}")
+    return folder / "mlflow.db", version
+
+
+def champion_store(folder: Path) -> tuple[str, str]:
+    """A SQLite MLflow store in ``folder`` with a champion: (tracking URI, champion version)."""
+    template, version = _champion_template()
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(template, folder / "mlflow.db")
+    return f"sqlite:///{folder / 'mlflow.db'}", version

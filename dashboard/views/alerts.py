@@ -28,8 +28,8 @@ st.title("Alerts")
 ui.flash()
 
 # The filters' choices come from the alerts in the range (two small columns only).
-since, now = ui.time_window()
-choices = data.read_alerts(root, since=since, columns=["device_id", "model_version"])
+since, until = ui.time_window()
+choices = data.read_alerts(root, since=since, until=until, columns=["device_id", "model_version"])
 filters = st.columns([2, 2, 2, 1, 1])
 types = filters[0].multiselect("Type", c.ALERT_TYPES, key="f_type")
 severities = filters[1].multiselect("Severity", c.SEVERITIES, key="f_severity")
@@ -46,10 +46,11 @@ status = filters[4].selectbox("Status", STATUSES, key="f_status")
 
 def filtered() -> pl.DataFrame:
     """The alerts matching the filters, with their latest verdict."""
-    since, _ = ui.time_window()
+    since, until = ui.time_window()
     alerts = data.read_alerts(
         root,
         since=since,
+        until=until,
         alert_types=types or None,
         severities=severities or None,
         device_ids=devices or None,

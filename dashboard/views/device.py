@@ -49,7 +49,7 @@ around = st.selectbox(
 )
 
 
-def telemetry_range(alert: dict[str, Any] | None) -> tuple[datetime | None, datetime]:
+def telemetry_range(alert: dict[str, Any] | None) -> tuple[datetime | None, datetime | None]:
     """The alert's window with a margin each side, or the sidebar's range."""
     if alert is None or alert["window_start"] is None:
         return ui.time_window()

@@ -19,9 +19,9 @@ st.title("Pipeline health")
 
 
 def health() -> None:
-    since, _ = ui.time_window()
-    metrics = data.read_pipeline_metrics(root, since)
-    quarantine = data.quarantine_by_reason(root, since)
+    since, until = ui.time_window()
+    metrics = data.read_pipeline_metrics(root, since, until)
+    quarantine = data.quarantine_by_reason(root, since, until)
     duplicates = quarantine.filter(pl.col("reason") == c.REASON_DUPLICATE)["records"].sum()
     rate = data.ingest_rate(metrics, settings.ingest_query)
     median_ms = metrics.select(pl.col("batch_duration_ms").median()).item()

@@ -94,13 +94,13 @@ def deck(points: pl.DataFrame) -> pdk.Deck:
 
 
 def fleet_map() -> None:
-    since, _ = ui.time_window()
+    since, until = ui.time_window()
     devices = data.read_devices(root)
-    alerts = data.read_alerts(root, since=since, columns=["device_id", "severity"])
+    alerts = data.read_alerts(root, since=since, until=until, columns=["device_id", "severity"])
     unregistered = sorted(
         set(alerts["device_id"].drop_nulls().to_list()) - set(devices["device_id"].to_list())
     )
-    positions = data.last_positions(root, unregistered, since)
+    positions = data.last_positions(root, unregistered, since, until)
     points = data.map_points(devices, alerts, positions)
     cols = st.columns(4)
     cols[0].metric("Devices on the map", points.height)

@@ -77,8 +77,8 @@ def model() -> None:
         ui.show_table(evaluation.drop("evaluated_at"))
 
     st.subheader("Analyst verdicts by model version")
-    since, _ = ui.time_window()
-    alerts = data.read_alerts(root, since=since, columns=["alert_id", "model_version"])
+    since, until = ui.time_window()
+    alerts = data.read_alerts(root, since=since, until=until, columns=["alert_id", "model_version"])
     quality = data.feedback_quality(data.with_feedback(alerts, data.read_feedback(root)))
     if quality.is_empty():
         ui.empty_state("verdicts on alerts in this range", lake.ALERT_FEEDBACK)

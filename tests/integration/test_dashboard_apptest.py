@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
@@ -16,7 +17,7 @@ from tests.dashboard_fixtures import (
     ROGUE,
     FixtureLake,
     build_lake,
-    register_champion,
+    champion_store,
 )
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
@@ -32,8 +33,7 @@ def fixture_lake(tmp_path_factory: pytest.TempPathFactory) -> FixtureLake:
 @pytest.fixture(scope="module")
 def mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """A SQLite MLflow store with a champion; (tracking URI, champion version)."""
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    return uri, register_champion(uri)
+    return champion_store(tmp_path_factory.mktemp("mlflow"))
 
 
 @pytest.fixture
@@ -74,6 +74,23 @@ def test_overview_numbers_equal_the_data(
     assert len(newest) == 5 and "alert-005" not in set(newest["alert_id"])
 
 
+def test_custom_dates_bound_the_range(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
+) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    at = open_page("overview")
+    at.selectbox(key="time_range").select("Custom dates").run()
+    today = fixture_lake.now.date()
+    at.date_input(key="custom_dates").set_value((today, today)).run()
+    assert metrics(at)["Alerts"] == str(len(fixture_lake.alerts))
+    yesterday = today - timedelta(days=1)
+    at.date_input(key="custom_dates").set_value((yesterday, yesterday)).run()
+    assert not at.exception
+    assert metrics(at)["Alerts"] == "0"
+    assert metrics(at)["Devices reporting"] == "0"
+    assert at.info, "an empty range shows an empty state"
+
+
 def test_alert_filters_change_the_rows_shown(
     app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
 ) -> None:
@@ -108,6 +125,12 @@ def test_alert_detail_shows_reasons_as_text_and_window_features(
     features = {row["field"]: row["value"] for row in at.dataframe[2].value.to_dict("records")}
     assert features["power_w_mean"] == "80"
     assert features["device_id"] == "meter-001"
+
+    next(b for b in at.button if b.label == "Open this device").click().run()
+    assert not at.exception
+    assert at.title[0].value == "Device"
+    assert at.selectbox(key="device_id").value == "meter-001"
+    assert at.selectbox(key="device_alert_id").value == "alert-001"
 
 
 def test_feedback_from_the_form_lands_in_alert_feedback(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from infra.ports import free_port
-from tests.dashboard_fixtures import MARKUP_REASON, FixtureLake, build_lake, register_champion
+from tests.dashboard_fixtures import MARKUP_REASON, FixtureLake, build_lake, champion_store
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
-REFRESH_S = 3
+REFRESH_S = 2
 # (navigation label, title on the page, texts the page must show)
 PAGES = (
     ("Overview", "Overview", ("Open alerts", "Devices reporting", "Alerts by severity")),
@@ -52,8 +52,7 @@ def fixture_lake(tmp_path_factory: pytest.TempPathFactory) -> FixtureLake:
 def server(fixture_lake: FixtureLake, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python -m dashboard`` on a free port; yields its URL."""
     state = tmp_path_factory.mktemp("state")
-    uri = f"sqlite:///{state / 'mlflow.db'}"
-    register_champion(uri)
+    uri, _ = champion_store(state / "mlflow")
     port = free_port()
     env = dict(os.environ)
     env.update(

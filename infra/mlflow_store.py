@@ -36,3 +36,11 @@ def ensure_experiment(name: str, tracking_uri: str, artifact_root: str | None) -
     experiment_id = client.create_experiment(name, artifact_location=location)
     log.info("created MLflow experiment %s (%s)", name, location)
     return str(experiment_id)
+
+
+def artifact_root_for(tracking_uri: str) -> str | None:
+    """Artifacts beside a SQLite store (``<db folder>/artifacts``); a server chooses its own."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    return (Path(tracking_uri[len(prefix) :]).parent / "artifacts").resolve().as_uri()

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from infra import contract as c
@@ -17,6 +17,37 @@ EARTH_RADIUS_KM = 6371.0
 # Metrics whose statistics the detectors and the model read.
 STAT_FUNCS = {"mean": F.avg, "std": F.stddev_samp, "min": F.min, "max": F.max}
 REGISTRY_COLUMNS = ("device_type", "site_lat", "site_lon", "expected_firmware", "status")
+# Event columns the feature stage reads; ``is_duplicate`` is added by ``feature_events``.
+EVENT_COLUMNS = ("device_id", "event_time", "seq", "firmware", "lat", "lon", *c.METRICS)
+_EVENT_TYPES = dict(c.TELEMETRY_COLUMNS)
+
+
+def feature_events(events: DataFrame, *, duplicates: bool) -> DataFrame:
+    """Events in the shape the feature stage reads: EVENT_COLUMNS plus ``is_duplicate``.
+
+    A duplicate (a copy of an event_id already seen) keeps only its device and event time: it
+    counts in its window's ``duplicate_count`` and nowhere else. Safe on a stream.
+    """
+    if not duplicates:
+        return events.select(*EVENT_COLUMNS, F.lit(0).alias("is_duplicate"))
+    return events.select(
+        "device_id",
+        "event_time",
+        *(F.lit(None).cast(_EVENT_TYPES[name]).alias(name) for name in EVENT_COLUMNS[2:]),
+        F.lit(1).alias("is_duplicate"),
+    )
+
+
+def batch_feature_input(events: DataFrame) -> DataFrame:
+    """Static bronze events (copies included) as the stream sees them: the first copy of each
+    event_id (smallest source coordinates) as an event, later copies as duplicates.
+
+    Input: ``valid_events`` output. Not for streams (the stream dedups at ingest).
+    """
+    order = Window.partitionBy("event_id").orderBy("kafka_topic", "kafka_partition", "kafka_offset")
+    ranked = events.withColumn("_copy", F.row_number().over(order))
+    firsts = feature_events(ranked.where(F.col("_copy") == 1), duplicates=False)
+    return firsts.unionByName(feature_events(ranked.where(F.col("_copy") > 1), duplicates=True))
 
 
 def haversine_km(lat1: Column, lon1: Column, lat2: Column, lon2: Column) -> Column:

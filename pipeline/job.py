@@ -22,7 +22,7 @@ from infra import contract as c
 from infra import lake
 from infra.errors import ConfigError
 from pipeline.detection import FeaturesBatchWriter
-from pipeline.features import features_from_events
+from pipeline.features import feature_events, features_from_events
 from pipeline.ingest import IngestBatchWriter
 from pipeline.metrics import MetricsListener
 from pipeline.scoring import ModelScorer
@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 INGEST = "ingest"
 FEATURES = "features"
-_EVENT_COLUMNS = ["device_id", "event_time", "seq", "firmware", "lat", "lon", *c.METRICS]
 
 
 def check_locations(settings: PipelineSettings) -> None:
@@ -95,27 +94,15 @@ def feature_input(spark: SparkSession, lake_root: str) -> DataFrame:
     A duplicate counts in the windows of its event time, like every event: replays older than
     the watermark are late here, and stay visible in ``quarantine`` (reason ``duplicate``).
     """
-    events = (
-        spark.readStream.format("delta")
-        .load(lake.table_path(lake_root, lake.TELEMETRY))
-        .select(*_EVENT_COLUMNS, F.lit(0).alias("is_duplicate"))
-    )
+    events = spark.readStream.format("delta").load(lake.table_path(lake_root, lake.TELEMETRY))
     duplicates = (
         spark.readStream.format("delta")
         .load(lake.table_path(lake_root, lake.QUARANTINE))
         .where(F.col("reason") == c.REASON_DUPLICATE)
-        .select(
-            "device_id",
-            "event_time",
-            *(
-                F.lit(None).cast(t).alias(n)
-                for n, t in c.TELEMETRY_COLUMNS
-                if n in _EVENT_COLUMNS[2:]
-            ),
-            F.lit(1).alias("is_duplicate"),
-        )
     )
-    return events.unionByName(duplicates)
+    return feature_events(events, duplicates=False).unionByName(
+        feature_events(duplicates, duplicates=True)
+    )
 
 
 @dataclass

@@ -19,6 +19,8 @@ from pipeline.rules import alert_id
 log = logging.getLogger(__name__)
 
 DEFAULT_THRESHOLD = 0.5
+# MLflow signature types -> Spark SQL types for the UDF's input columns (numbers otherwise double).
+_SPARK_TYPES = {"string": "string", "long": "bigint", "integer": "int", "boolean": "boolean"}
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,8 @@ class LoadedModel:
     name: str
     version: str
     udf: Any
-    input_columns: tuple[str, ...]
+    # (column, Spark type) of the model's signature, in order: the UDF's input struct.
+    inputs: tuple[tuple[str, str], ...]
     threshold: float
 
 
@@ -66,7 +69,10 @@ class ModelScorer:
         signature = info.signature
         if signature is None:
             raise ValueError(f"model {uri} has no signature; register it with one")
-        inputs = tuple(signature.inputs.input_names())
+        inputs = tuple(
+            (spec.name, _SPARK_TYPES.get(spec.type.name, "double"))
+            for spec in signature.inputs.inputs
+        )
         threshold = float((info.metadata or {}).get("threshold", DEFAULT_THRESHOLD))
         udf = mlflow.pyfunc.spark_udf(spark, uri, result_type="double", env_manager="local")
         log.info("scoring with %s version %s (threshold %.3f)", self.name, version, threshold)
@@ -80,7 +86,7 @@ def model_alerts(features: DataFrame, model: LoadedModel) -> DataFrame:
     Input: ``window_features`` output with the model's input columns. Output: the alert columns
     of ``rule_alerts`` plus model_name and model_version.
     """
-    inputs: list[Column] = [F.col(name).cast("double").alias(name) for name in model.input_columns]
+    inputs: list[Column] = [F.col(name).cast(type_).alias(name) for name, type_ in model.inputs]
     scored = features.withColumn("_score", model.udf(F.struct(*inputs)))
     return scored.where(F.col("_score") >= model.threshold).select(
         alert_id(F.col("device_id"), F.lit("model_anomaly"), F.col(col.WINDOW_START)).alias(

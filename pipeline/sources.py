@@ -34,19 +34,27 @@ def kafka_source(spark: SparkSession, settings: PipelineSettings) -> DataFrame:
 
 
 def files_source(spark: SparkSession, settings: PipelineSettings) -> DataFrame:
-    """A landing folder of JSON-lines files, one event per line.
-
-    Files have no offsets: ``topic`` is the file path and ``offset`` a hash of the line, which is
-    stable across restarts and so keeps the Kafka-coordinate bookkeeping deterministic.
-    """
+    """A landing folder of JSON-lines files, one event per line (see ``file_records``)."""
     lines = (
         spark.readStream.format("text")
         .option("maxFilesPerTrigger", settings.max_files_per_trigger)
         .load(settings.landing_dir)
-        .select(F.col("value"), F.col("_metadata.file_path").alias("path"),
-                F.col("_metadata.file_modification_time").alias("mtime"))
-    )  # fmt: skip
-    return lines.where(F.length("value") > 0).select(
+    )
+    return file_records(lines)
+
+
+def file_records(lines: DataFrame) -> DataFrame:
+    """Lines of a ``text`` source (stream or batch) in the Kafka source's shape.
+
+    Files have no offsets: ``topic`` is the file path and ``offset`` a hash of the line, which is
+    stable across restarts and so keeps the Kafka-coordinate bookkeeping deterministic.
+    """
+    located = lines.select(
+        "value",
+        F.col("_metadata.file_path").alias("path"),
+        F.col("_metadata.file_modification_time").alias("mtime"),
+    )
+    return located.where(F.length("value") > 0).select(
         F.lit(None).cast("string").alias("key"),
         F.col("value").cast("binary").alias("value"),
         F.col("path").alias("topic"),

@@ -1,0 +1,160 @@
+"""Training data: window features from the pipeline's own feature code, labelled from ground truth.
+
+History comes from the simulator in accelerated time (written as JSON lines and read back through
+the pipeline's file-source shape and parser) or from telemetry already in the lake. Either way the
+windows are computed by ``pipeline.features.features_from_events``, the function the stream runs,
+and the rule alerts by ``pipeline.rules.rule_alerts``, so training sees what production sees.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from infra import contract as c
+from infra import lake
+from models.evaluation import window_labels
+from pipeline.features import batch_feature_input, feature_events, features_from_events
+from pipeline.rules import rule_alerts
+from pipeline.sources import file_records
+from pipeline.transforms import parse_events, valid_events
+
+log = logging.getLogger(__name__)
+
+ALERT_COLUMNS = ["device_id", "alert_type", "window_start", "window_end", "last_event_time"]
+
+
+@dataclass
+class History:
+    """Window features (one row per device and window) with their labels, the injections, and
+    the alerts the pipeline's rules raise on the same windows."""
+
+    features: pd.DataFrame
+    truth: pd.DataFrame
+    rule_alerts: pd.DataFrame
+
+    @property
+    def labels(self) -> pd.Series:
+        return self.features["label"]
+
+
+def simulate(
+    *,
+    devices: int,
+    hours: float,
+    seed: int,
+    scenario_rate: float,
+    start_time: datetime,
+    folder: Path,
+) -> tuple[Path, pd.DataFrame]:
+    """Generate ``hours`` of a ``devices`` fleet with every fraud scenario into ``folder``.
+
+    Writes the registry (a Delta table under ``folder/lake``) and the telemetry (JSON lines
+    under ``folder/landing``); returns the lake root and the ground truth.
+    """
+    from simulator.registry import build_registry, write_registry
+    from simulator.settings import SimulatorSettings
+    from simulator.telemetry import Simulation, write_jsonl
+
+    if folder.exists():
+        shutil.rmtree(folder)
+    lake_root = folder / "lake"
+    registry = build_registry(devices, seed, now=start_time)
+    write_registry(registry, str(lake_root))
+    settings = SimulatorSettings(
+        devices=devices,
+        seed=seed,
+        scenarios=list(c.FRAUD_SCENARIOS),
+        scenario_rate=scenario_rate,
+        write_ground_truth=False,
+    )
+    sim = Simulation(settings, registry, start_time=start_time, run_id=f"history-{seed}")
+    files = write_jsonl(sim.batches(sim_seconds=hours * 3600), folder / "landing")
+    truth = pd.DataFrame([row.as_dict() for row in sim.finish()],
+                         columns=c.column_names(c.GROUND_TRUTH_COLUMNS))  # fmt: skip
+    log.info("simulated %.1f h of %d devices (seed %d): %d files, %d injections",
+             hours, devices, seed, len(files), len(truth))  # fmt: skip
+    return lake_root, truth
+
+
+def simulated_events(spark: SparkSession, landing: Path) -> DataFrame:
+    """The valid events of a landing folder, parsed exactly as the pipeline's file source does."""
+    lines = spark.read.format("text").load(str(landing))
+    return valid_events(parse_events(file_records(lines)))
+
+
+def build_history(
+    spark: SparkSession,
+    feature_input: DataFrame,
+    devices: DataFrame,
+    truth: pd.DataFrame,
+    *,
+    window: str,
+    slide: str,
+    min_overlap_s: float,
+) -> History:
+    """Window features and rule alerts of ``feature_input`` (``feature_events`` rows), labelled."""
+    features = features_from_events(feature_input, devices, window=window, slide=slide)
+    features = features.persist()
+    try:
+        frame = features.toPandas()
+        alerts = rule_alerts(features).select(*ALERT_COLUMNS).toPandas()
+    finally:
+        features.unpersist()
+    frame["label"] = window_labels(frame, truth, min_overlap_s)
+    counts = frame["label"].value_counts().to_dict()
+    log.info("%d windows: %s", len(frame), counts)
+    return History(features=frame, truth=truth, rule_alerts=alerts)
+
+
+def simulated_history(
+    spark: SparkSession,
+    *,
+    devices: int,
+    hours: float,
+    seed: int,
+    scenario_rate: float,
+    start_time: datetime,
+    folder: Path,
+    window: str,
+    slide: str,
+    min_overlap_s: float,
+) -> History:
+    """Simulate, then featurise and label (see ``simulate`` and ``build_history``)."""
+    lake_root, truth = simulate(
+        devices=devices,
+        hours=hours,
+        seed=seed,
+        scenario_rate=scenario_rate,
+        start_time=start_time,
+        folder=folder,
+    )
+    events = batch_feature_input(simulated_events(spark, folder / "landing"))
+    registry = spark.read.format("delta").load(lake.table_path(str(lake_root), lake.DEVICES))
+    return build_history(spark, events, registry, truth,
+                         window=window, slide=slide, min_overlap_s=min_overlap_s)  # fmt: skip
+
+
+def lake_history(
+    spark: SparkSession, lake_root: str, *, window: str, slide: str, min_overlap_s: float
+) -> History:
+    """Telemetry, duplicates, registry and ground truth already in the lake (batch reads)."""
+    from deltalake import DeltaTable
+
+    def table(name: str) -> DataFrame:
+        return spark.read.format("delta").load(lake.table_path(lake_root, name))
+
+    duplicates = table(lake.QUARANTINE).where(F.col("reason") == c.REASON_DUPLICATE)
+    events = feature_events(table(lake.TELEMETRY), duplicates=False).unionByName(
+        feature_events(duplicates, duplicates=True)
+    )
+    truth = DeltaTable(lake.table_path(lake_root, lake.GROUND_TRUTH)).to_pandas()
+    return build_history(spark, events, table(lake.DEVICES), truth,
+                         window=window, slide=slide, min_overlap_s=min_overlap_s)  # fmt: skip

@@ -1,0 +1,161 @@
+"""Detection quality against ground truth: one definition for training reports and live alerts.
+
+Pure functions on pandas frames (no Spark, no I/O). The rules of the game:
+
+- An alert *matches* an injection when it is on the same device, its window overlaps the
+  injection's ``[start_time, end_time)``, and its type is one of the scenario's alert types
+  (``infra.contract.SCENARIO_ALERT_TYPES``).
+- Recall of a scenario: injections matched by at least one alert, over injections.
+- Precision of a scenario: among alerts of the scenario's types, those matching an injection of
+  the scenario, over those plus the *false* ones. A false alert overlaps no injection at all on its
+  device; an alert that overlaps another scenario's injection is neither (it caught real fraud).
+  An analyst verdict overrides: ``false_positive`` makes any alert false, ``true_positive`` makes
+  an alert that matches no injection count as true in the ``all`` row.
+- Time to detect: per matched injection, event time from its start to the last event of the
+  earliest matching alert window (pipeline latency is measured separately, in bench/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from infra import contract as c
+
+ALL = "all"
+CLEAN = "clean"
+AMBIGUOUS = "ambiguous"
+# Columns of the evaluation table except evaluated_at, in order.
+RESULT_COLUMNS = [name for name in c.column_names(c.EVALUATION_COLUMNS) if name != "evaluated_at"]
+
+
+def _utc(series: pd.Series) -> pd.Series:
+    return pd.to_datetime(series, utc=True)
+
+
+def _pairs(alerts: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
+    """Every (alert, injection) on the same device whose times overlap."""
+    left = alerts.reset_index(names="alert_row")
+    right = truth.reset_index(names="injection_row")[
+        ["injection_row", "device_id", "scenario", "start_time", "end_time"]
+    ]
+    pairs = left.merge(right, on="device_id", how="inner")
+    overlap = (pairs["window_start"] < pairs["end_time"]) & (
+        pairs["window_end"] > pairs["start_time"]
+    )
+    return pairs[overlap]
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return float(num / den) if den else None
+
+
+def _f1(precision: float | None, recall: float | None) -> float | None:
+    if precision is None or recall is None or precision + recall == 0:
+        return None if precision is None or recall is None else 0.0
+    return 2 * precision * recall / (precision + recall)
+
+
+def evaluate(
+    alerts: pd.DataFrame,
+    truth: pd.DataFrame,
+    feedback: pd.DataFrame | None = None,
+    scenarios: Sequence[str] = c.FRAUD_SCENARIOS,
+) -> pd.DataFrame:
+    """Per scenario (and ``all``): injected, detected, alerts, true positives, precision, recall,
+    F1 and median time to detect. Scenarios with no injection and no alert are left out.
+
+    ``alerts``: alert_id (when feedback is given), device_id, alert_type, window_start,
+    window_end, last_event_time. ``truth``: device_id, scenario, start_time, end_time.
+    ``feedback``: alert_id, verdict (the latest per alert is used).
+    """
+    alerts = alerts.reset_index(drop=True).copy()
+    truth = truth[truth["scenario"].isin(scenarios)].reset_index(drop=True).copy()
+    for frame, columns in ((alerts, ("window_start", "window_end", "last_event_time")),
+                           (truth, ("start_time", "end_time"))):  # fmt: skip
+        for name in columns:
+            frame[name] = _utc(frame[name])
+    verdict = pd.Series(None, index=alerts.index, dtype="object")
+    if feedback is not None and not feedback.empty and "alert_id" in alerts:
+        latest = feedback.sort_values("created_at").groupby("alert_id")["verdict"].last()
+        verdict = alerts["alert_id"].map(latest)
+    pairs = _pairs(alerts, truth)
+    wanted = [
+        alert_type in c.SCENARIO_ALERT_TYPES.get(scenario, ())
+        for alert_type, scenario in zip(pairs["alert_type"], pairs["scenario"], strict=True)
+    ]
+    rejected = set(alerts.index[verdict == "false_positive"])
+    confirmed = set(alerts.index[verdict == "true_positive"])
+    matches = pairs[np.asarray(wanted, dtype=bool) & ~pairs["alert_row"].isin(rejected)]
+    false_rows = (set(alerts.index) - set(pairs["alert_row"]) - confirmed) | rejected
+
+    rows = []
+    for scenario in [*scenarios, ALL]:
+        if scenario == ALL:
+            injections, found = truth, matches
+            of_type = set(alerts.index)
+            true_rows = set(matches["alert_row"]) | (confirmed - rejected)
+        else:
+            injections = truth[truth["scenario"] == scenario]
+            found = matches[matches["scenario"] == scenario]
+            types = c.SCENARIO_ALERT_TYPES.get(scenario, ())
+            of_type = set(alerts.index[alerts["alert_type"].isin(types)])
+            true_rows = set(found["alert_row"])
+        false = (of_type & false_rows) - true_rows
+        if injections.empty and not (true_rows or false):
+            continue
+        first_alert = found.groupby("injection_row")["last_event_time"].min()
+        delays = (first_alert - truth.loc[first_alert.index, "start_time"]).dt.total_seconds()
+        precision = _ratio(len(true_rows), len(true_rows) + len(false))
+        recall = _ratio(len(first_alert), len(injections))
+        delay = float(delays.clip(lower=0).median()) if len(delays) else None
+        rows.append({
+            "scenario": scenario,
+            "injected": len(injections),
+            "detected": len(first_alert),
+            "alerts": len(true_rows) + len(false),
+            "true_positive_alerts": len(true_rows),
+            "precision": precision,
+            "recall": recall,
+            "f1": _f1(precision, recall),
+            "median_time_to_detect_s": delay,
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def window_labels(windows: pd.DataFrame, truth: pd.DataFrame, min_overlap_s: float) -> pd.Series:
+    """Per window (device_id, window_start, window_end): ``clean`` when it overlaps no injection
+    on its device; else the scenario it overlaps longest when that overlap is at least
+    ``min_overlap_s`` seconds; else ``ambiguous`` (too little of the scenario to learn from).
+    """
+    frame = windows[["device_id", "window_start", "window_end"]].reset_index(names="row")
+    frame["window_start"] = _utc(frame["window_start"])
+    frame["window_end"] = _utc(frame["window_end"])
+    spans = truth[["device_id", "scenario", "start_time", "end_time"]].copy()
+    spans["start_time"] = _utc(spans["start_time"])
+    spans["end_time"] = _utc(spans["end_time"])
+    pairs = frame.merge(spans, on="device_id")
+    overlap_s = (
+        pairs[["window_end", "end_time"]].min(axis=1)
+        - pairs[["window_start", "start_time"]].max(axis=1)
+    ).dt.total_seconds()
+    pairs = pairs.assign(overlap_s=overlap_s)[overlap_s > 0]
+    labels = pd.Series(CLEAN, index=windows.index, dtype="object")
+    if pairs.empty:
+        return labels
+    best = pairs.sort_values("overlap_s").groupby("row").last()
+    chosen = best["scenario"].where(best["overlap_s"] >= min_overlap_s, AMBIGUOUS)
+    labels.loc[windows.index[best.index]] = chosen.to_numpy()
+    return labels
+
+
+def false_alerts_per_10k(alerts: pd.DataFrame, labels: pd.Series) -> tuple[int, int, float]:
+    """(false alerts, clean windows, false alerts per 10,000 clean device-windows).
+
+    ``alerts`` must carry ``window_label``: the label of the window each alert was raised on.
+    """
+    false = int((alerts["window_label"] == CLEAN).sum())
+    clean = int((labels == CLEAN).sum())
+    return false, clean, (10_000 * false / clean) if clean else 0.0

@@ -1,0 +1,67 @@
+"""``iotfraud eval``: the live ``alerts`` table against ``ground_truth`` (and analyst verdicts),
+read with ``deltalake`` (no JVM); the result is appended to the ``evaluation`` table."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pandas as pd
+
+from infra import contract as c
+from infra import lake
+from models.evaluation import evaluate
+
+_ALERT_COLUMNS = ["alert_id", "device_id", "alert_type", "window_start", "window_end",
+                  "last_event_time"]  # fmt: skip
+
+
+def read_table(lake_root: str, table: str, columns: list[str]) -> pd.DataFrame | None:
+    """A Delta table as pandas, or None when it does not exist."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(lake.table_path(lake_root, table)).to_pandas(columns=columns)
+    except TableNotFoundError:
+        return None
+
+
+def evaluate_lake(lake_root: str) -> pd.DataFrame:
+    """The evaluation of the lake's alerts; a clear error when a needed table is missing."""
+    truth = read_table(lake_root, lake.GROUND_TRUTH, c.column_names(c.GROUND_TRUTH_COLUMNS))
+    alerts = read_table(lake_root, lake.ALERTS, _ALERT_COLUMNS)
+    missing = [name for name, frame in ((lake.GROUND_TRUTH, truth), (lake.ALERTS, alerts))
+               if frame is None]  # fmt: skip
+    if missing:
+        raise FileNotFoundError(
+            f"no {' and no '.join(missing)} table under {lake_root}: run the simulator "
+            "(it writes ground_truth) and the pipeline (it writes alerts) first"
+        )
+    assert truth is not None and alerts is not None
+    feedback = read_table(lake_root, lake.ALERT_FEEDBACK, ["alert_id", "verdict", "created_at"])
+    return evaluate(alerts, truth, feedback)
+
+
+def write_evaluation(lake_root: str, result: pd.DataFrame, at: datetime | None = None) -> None:
+    """Append ``result`` with ``evaluated_at`` to the ``evaluation`` table (the dashboard reads
+    the latest evaluation)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    lake.ensure_lake(lake_root)
+    stamped = result.assign(evaluated_at=at or datetime.now(timezone.utc))
+    table = pa.Table.from_pandas(
+        stamped[c.column_names(c.EVALUATION_COLUMNS)], preserve_index=False
+    ).cast(c.arrow_schema(c.EVALUATION_COLUMNS))
+    write_deltalake(lake.table_path(lake_root, lake.EVALUATION), table, mode="append")
+
+
+def format_table(result: pd.DataFrame) -> str:
+    """The evaluation as an aligned text table (None shown as n/a)."""
+    shown = result.copy()
+    for name in ("precision", "recall", "f1"):
+        shown[name] = shown[name].map(lambda v: "n/a" if v is None or pd.isna(v) else f"{v:.2f}")
+    shown["median_time_to_detect_s"] = shown["median_time_to_detect_s"].map(
+        lambda v: "n/a" if v is None or pd.isna(v) else f"{v:.0f}"
+    )
+    return shown.to_string(index=False)

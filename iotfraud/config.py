@@ -19,6 +19,7 @@ SETTINGS_CLASSES = (
     ("Spark", "infra.settings", "SparkSettings"),
     ("Simulator", "simulator.settings", "SimulatorSettings"),
     ("Pipeline", "pipeline.settings", "PipelineSettings"),
+    ("Models", "models.settings", "ModelSettings"),
     ("Dashboard", "dashboard.settings", "DashboardSettings"),
 )
 

@@ -73,6 +73,8 @@ def simulate(
         seed=seed,
         scenarios=list(c.FRAUD_SCENARIOS),
         scenario_rate=scenario_rate,
+        # A flood sends 20-60x a device's normal rate: a few are enough, many swamp the history.
+        scenario_rates={"flood": scenario_rate / 10},
         write_ground_truth=False,
     )
     sim = Simulation(settings, registry, start_time=start_time, run_id=f"history-{seed}")

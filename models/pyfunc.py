@@ -43,7 +43,8 @@ def log_detector(
     detector: Detector, example: pd.DataFrame, folder: Path, metadata: dict[str, Any]
 ) -> Any:
     """Log the detector as a pyfunc in the active run; returns mlflow's ModelInfo."""
-    from mlflow.models import infer_signature
+    from mlflow.models import ModelSignature, infer_signature
+    from mlflow.types import ColSpec, Schema
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "detector.pkl"
@@ -51,7 +52,12 @@ def log_detector(
         pickle.dump(detector, handle)
     example = example[list(INPUT_COLUMNS)].head(5).reset_index(drop=True)
     example = example.astype({name: "float64" for name in INPUT_COLUMNS[1:]})
-    signature = infer_signature(example, detector.score(example))
+    # Every input optional: a rogue device has no device_type, a tracker no power readings.
+    inferred = infer_signature(example, detector.score(example))
+    inputs = Schema([
+        ColSpec(spec.type, spec.name, required=False) for spec in inferred.inputs.inputs
+    ])  # fmt: skip
+    signature = ModelSignature(inputs=inputs, outputs=inferred.outputs)
     return mlflow.pyfunc.log_model(
         name="model",
         python_model=DetectorModel(),

@@ -95,12 +95,21 @@ def rollback(mlflow_client: Any, name: str) -> tuple[str, str]:
 
 def versions(mlflow_client: Any, name: str) -> list[dict[str, Any]]:
     """Every version, newest first: version, aliases, created, run_id and held-out metrics."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        # search_model_versions leaves aliases empty: take them from the registered model.
+        by_version: dict[str, list[str]] = {}
+        for alias, version in mlflow_client.get_registered_model(name).aliases.items():
+            by_version.setdefault(str(version), []).append(alias)
+    except MlflowException:
+        return []
     rows = []
     for mv in mlflow_client.search_model_versions(f"name = '{name}'"):
         metrics = mlflow_client.get_run(mv.run_id).data.metrics if mv.run_id else {}
         rows.append({
             "version": str(mv.version),
-            "aliases": ",".join(sorted(mv.aliases)),
+            "aliases": ",".join(sorted(by_version.get(str(mv.version), []))),
             "created": datetime.fromtimestamp(mv.creation_timestamp / 1000, timezone.utc),
             "holdout_f1": metrics.get("holdout_model_f1"),
             "holdout_pr_auc": metrics.get("holdout_model_pr_auc"),

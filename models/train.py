@@ -138,8 +138,10 @@ def champion_score(tracking_uri: str, name: str, holdout: History) -> registry.S
     uri = f"models:/{name}/{version}"
     model = mlflow.pyfunc.load_model(uri)
     threshold = float((model.metadata.metadata or {}).get("threshold", 0.5))
-    inputs = model.metadata.get_input_schema().input_names()
-    scores = np.asarray(model.predict(holdout.features[inputs]), dtype=float)
+    schema = model.metadata.get_input_schema()
+    numbers = {spec.name: "float64" for spec in schema.inputs if spec.type.name == "double"}
+    frame = holdout.features[schema.input_names()].astype(numbers)
+    scores = np.asarray(model.predict(frame), dtype=float)
     metrics = model_score(scores, holdout.labels, threshold)
     return registry.Score(metrics["model_f1"], metrics["model_pr_auc"])
 

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, list[str], str]] = {
     "models": ("models.cli", ["models"], "registered models: list | promote VERSION | rollback"),
     "eval": ("models.cli", ["eval"], "score the live alerts against the ground truth"),
     "dashboard": ("dashboard.cli", [], "the Streamlit dashboard"),
+    "sql": ("iotfraud.sql", [], 'Spark SQL over the lake\'s tables: iotfraud sql "SELECT ..."'),
     "config": ("iotfraud.config", [], "print every setting with its variable and default"),
     "demo": ("iotfraud.demo", [], "run the whole demo"),
 }

@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[all,dev]'
 	touch $(STAMP)
 
-system-deps: ## Debian packages the tests need (Java 17, headless Chromium); no-op when present
+system-deps: ## Debian packages the tests need (Java 17, headless Chromium, docker-compose); no-op when present
 	@./scripts/system-deps.sh
 
 setup: system-deps $(STAMP) jars ## create the virtualenv, install packages and jars

@@ -5,6 +5,8 @@ set -euo pipefail
 missing=()
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# docker-compose validates docker-compose.yml without a Docker engine (tests/unit/test_compose.py).
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0

@@ -56,6 +56,17 @@ DEVICE_TYPES: dict[str, tuple[str, ...]] = {
     "thermostat": ("temperature_c", "humidity_pct", "battery_pct", "signal_dbm"),
 }
 
+# --- Authorized firmware update: JSON value on topic iot.firmware_updates, key = device_id -------
+# A device reporting a firmware other than its registered one, with no update for that device and
+# firmware authorized around that time, raises a ``firmware_tamper`` alert.
+FIRMWARE_UPDATE_FIELDS: Columns = (
+    ("update_id", "string"),
+    ("device_id", "string"),
+    ("firmware", "string"),
+    ("authorized_at", "string"),  # ISO-8601 UTC
+)
+FIRMWARE_UPDATE_REQUIRED = ("device_id", "firmware", "authorized_at")
+
 # --- Quarantine reason codes ---------------------------------------------------------------------
 REASON_INVALID_UTF8 = "invalid_utf8"
 REASON_INVALID_JSON = "invalid_json"
@@ -152,6 +163,18 @@ QUARANTINE_COLUMNS: Columns = (
     ("device_id", "string"),
     ("event_id", "string"),
     ("event_time", "timestamp"),
+    ("kafka_topic", "string"),
+    ("kafka_partition", "int"),
+    ("kafka_offset", "long"),
+    ("kafka_timestamp", "timestamp"),
+    ("ingest_time", "timestamp"),
+)
+
+FIRMWARE_UPDATES_COLUMNS: Columns = (
+    ("update_id", "string"),
+    ("device_id", "string"),
+    ("firmware", "string"),
+    ("authorized_at", "timestamp"),
     ("kafka_topic", "string"),
     ("kafka_partition", "int"),
     ("kafka_offset", "long"),

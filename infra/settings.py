@@ -36,6 +36,12 @@ class CommonSettings(BaseSettings):
     topic: str = Field(
         default="iot.telemetry", validation_alias="IOT_TOPIC", description="Telemetry topic"
     )
+    firmware_topic: str = Field(
+        default="iot.firmware_updates",
+        validation_alias="IOT_FIRMWARE_TOPIC",
+        description="Topic of authorized firmware updates; empty switches the pipeline's "
+        "firmware tamper check off",
+    )
     mlflow_tracking_uri: str = Field(
         default="",
         validation_alias="MLFLOW_TRACKING_URI",

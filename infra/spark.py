@@ -38,6 +38,9 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         "spark.databricks.delta.snapshotPartitions": str(partitions),
         "spark.sql.streaming.minBatchesToRetain": "20",
         "spark.sql.adaptive.enabled": "false",
+        # The firmware join's update stream is quiet most of the time: with the default (min)
+        # policy its stale watermark would hold back the telemetry's, and with it every alert.
+        "spark.sql.streaming.multipleWatermarkPolicy": "max",
     }
     if settings.master.startswith("local"):
         conf["spark.driver.memory"] = settings.driver_memory

@@ -21,6 +21,11 @@ COMMANDS: dict[str, tuple[str, list[str], str]] = {
     ),
     "replay": ("simulator.cli", ["replay"], "send recorded telemetry (JSON lines or CSV) to Kafka"),
     "registry": ("simulator.cli", ["registry"], "create or change the device registry"),
+    "firmware": (
+        "simulator.cli",
+        ["firmware"],
+        "firmware authorize DEVICE FIRMWARE: publish an authorized update",
+    ),
     "pipeline": ("pipeline.cli", [], "the Spark Structured Streaming job"),
     "train": ("models.cli", ["train"], "train the detector on simulated history; register it"),
     "models": ("models.cli", ["models"], "registered models: list | promote VERSION | rollback"),

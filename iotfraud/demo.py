@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from infra import contract as c
 from infra import lake, stack
 from infra.logs import configure_logging
 from infra.settings import CommonSettings, StackSettings, load_settings
@@ -86,23 +85,93 @@ def progress_line(lake_root: str) -> str:
     )
 
 
-def detection_summary(lake_root: str) -> list[str]:
-    """Per injected scenario: devices injected, devices with a matching alert (recall)."""
-    truth = table_rows(lake_root, lake.GROUND_TRUTH, ["device_id", "scenario"])
-    alerts = table_rows(lake_root, lake.ALERTS, ["device_id", "alert_type"])
-    alerted: dict[str, set[str]] = {}
-    for alert in alerts:
-        alerted.setdefault(alert["device_id"], set()).add(alert["alert_type"])
-    lines = []
-    for scenario in c.FRAUD_SCENARIOS:
-        devices = {r["device_id"] for r in truth if r["scenario"] == scenario}
-        if not devices:
-            continue
-        wanted = set(c.SCENARIO_ALERT_TYPES.get(scenario, ()))
-        found = {d for d in devices if alerted.get(d, set()) & wanted}
-        lines.append(f"  {scenario:<18} injected on {len(devices):>3} devices, detected on "
-                     f"{len(found):>3} (recall {len(found) / len(devices):.2f})")  # fmt: skip
-    return lines
+def drain(lake_root: str, quiet_s: float = 15.0, timeout_s: float = 180.0) -> None:
+    """Let the pipeline finish what the simulator sent: wait until the tables stop changing for
+    ``quiet_s`` seconds (at most ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    last, since = progress_line(lake_root), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < quiet_s:
+        time.sleep(5)
+        line = progress_line(lake_root)
+        if line != last:
+            print(line, flush=True)
+            last, since = line, time.monotonic()
+
+
+def ensure_model(env: dict[str, str], devices: int, hours: float) -> None:
+    """Train and register a first model (on accelerated simulated history) when none is the
+    champion, so the pipeline scores with one from its first micro-batch."""
+    from models import registry
+    from models.cli import tracking_uri
+    from models.settings import ModelSettings
+
+    settings = load_settings(ModelSettings)
+    client = registry.client(tracking_uri(settings.mlflow_tracking_uri))
+    if registry.alias_version(client, settings.name, registry.CHAMPION) is not None:
+        return
+    print(
+        f"no {settings.name}@champion yet: training a first model on {hours:g} simulated hours "
+        f"of {devices} devices (a few minutes; `iotfraud train` trains a bigger one)",
+        flush=True,
+    )
+    subprocess.run(
+        [sys.executable, "-m", "models", "train", "--devices", str(devices),
+         "--hours", str(hours), "--holdout-hours", str(max(1.0, hours / 2))],
+        env=env, check=True,
+    )  # fmt: skip
+
+
+def detection_summary(lake_root: str) -> str:
+    """Precision, recall and time to detect per injected scenario (``iotfraud eval``'s table)."""
+    from models.live_eval import evaluate_lake, format_table
+
+    try:
+        return format_table(evaluate_lake(lake_root))
+    except FileNotFoundError as exc:
+        return f"  (no evaluation: {exc})"
+
+
+def alert_latency(lake_root: str) -> tuple[float, float] | None:
+    """p50 and p95 seconds from a device's latest message reaching Kafka to the alert on it
+    being committed: per alert, the newest telemetry row of its device ingested before the
+    alert's ``detected_at`` gives the Kafka append time."""
+    import pandas as pd
+
+    alerts = pd.DataFrame(table_rows(lake_root, lake.ALERTS, ["device_id", "detected_at"]))
+    telemetry = pd.DataFrame(
+        table_rows(lake_root, lake.TELEMETRY, ["device_id", "ingest_time", "kafka_timestamp"])
+    )
+    if alerts.empty or telemetry.empty:
+        return None
+    alerts["detected_at"] = pd.to_datetime(alerts["detected_at"], utc=True)
+    telemetry["ingest_time"] = pd.to_datetime(telemetry["ingest_time"], utc=True)
+    telemetry["kafka_timestamp"] = pd.to_datetime(telemetry["kafka_timestamp"], utc=True)
+    matched = pd.merge_asof(
+        alerts.sort_values("detected_at"), telemetry.sort_values("ingest_time"),
+        left_on="detected_at", right_on="ingest_time", by="device_id", direction="backward",
+    ).dropna(subset=["kafka_timestamp"])  # fmt: skip
+    if matched.empty:
+        return None
+    seconds = (matched["detected_at"] - matched["kafka_timestamp"]).dt.total_seconds()
+    return float(seconds.quantile(0.5)), float(seconds.quantile(0.95))
+
+
+def summary(lake_root: str) -> str:
+    """What the demo ends with: row counts, alerts by type, quality per scenario, latency."""
+    latency = alert_latency(lake_root)
+    latency_line = (
+        "alert latency (Kafka -> alert committed): n/a (no alerts)"
+        if latency is None
+        else f"alert latency (Kafka -> alert committed): p50 {latency[0]:.1f} s, "
+        f"p95 {latency[1]:.1f} s"
+    )
+    return "\n".join([
+        "summary: " + progress_line(lake_root),
+        "detection against ground truth (an injection is detected when an alert of its type "
+        "overlaps it on its device):",
+        detection_summary(lake_root),
+        latency_line,
+    ])  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,9 +179,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0, help="stop after N seconds")
     parser.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     parser.add_argument("--devices", type=int, default=2000, help="fleet size of a new registry")
+    parser.add_argument(
+        "--accelerate",
+        type=float,
+        default=1.0,
+        help="simulated seconds per wall second (1 = real time; more shows more scenarios)",
+    )
+    parser.add_argument("--seed", type=int, help="seed of the telemetry (default: new each run)")
+    parser.add_argument(
+        "--train-devices",
+        type=int,
+        default=150,
+        help="fleet size of the first model's history (when none is registered)",
+    )
+    parser.add_argument(
+        "--train-hours",
+        type=float,
+        default=2.0,
+        help="simulated hours of the first model's history",
+    )
+    parser.add_argument(
+        "--no-train",
+        action="store_true",
+        help="do not train a first model (the pipeline runs its rules only)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
+    if args.accelerate != 1.0 and not args.duration:
+        parser.error("--accelerate needs --duration (so the simulated clock ends near now)")
 
     stack_settings, common = load_settings(StackSettings), load_settings(CommonSettings)
     status = stack.up(stack_settings, common)
@@ -128,9 +223,13 @@ def main(argv: list[str] | None = None) -> int:
              "--devices", str(args.devices)],
             env=env, check=True,
         )  # fmt: skip
+    if not args.no_train:
+        ensure_model(env, args.train_devices, args.train_hours)
 
     # The pipeline checks its topic at start: create it before either side runs.
     ensure_topic({"bootstrap.servers": status.bootstrap_servers}, common.topic, partitions=4)
+    if common.firmware_topic:
+        ensure_topic({"bootstrap.servers": status.bootstrap_servers}, common.firmware_topic, 1)
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
@@ -139,17 +238,21 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     children = Children()
-    started = time.monotonic()
     try:
-        # Real time: each device reports every 10-30 s, so event times stay close to now.
-        # A new seed per run: a rerun must not resend the event ids of the previous one.
-        seed = str(int(time.time()))
-        children.start("simulator", ["simulator", "simulate", "--accelerate", "1", "--seed", seed,
-                                     "--no-progress"], env)  # fmt: skip
         children.start("pipeline", ["pipeline", "run"], env)
+        # Real time by default: each device reports every 10-30 s, so event times stay close to
+        # now. A new seed per run: a rerun must not resend the event ids of the previous one.
+        seed = str(args.seed if args.seed is not None else int(time.time()))
+        simulate = ["simulator", "simulate", "--accelerate", str(args.accelerate), "--seed", seed,
+                    "--no-progress"]  # fmt: skip
+        if args.duration:
+            simulate += ["--duration", str(args.duration)]
+        children.start("simulator", simulate, env)
+        started = time.monotonic()
         if not args.no_dashboard:
             children.start("dashboard", ["dashboard"], env)
-            print("dashboard: http://localhost:8501 (Ctrl-C stops the demo)")
+            port = os.environ.get("IOT_DASH_PORT", "8501")
+            print(f"dashboard: http://localhost:{port} (Ctrl-C stops the demo)")
         while not stop.wait(10):
             print(progress_line(common.lake_root), flush=True)
             failed = children.failed()
@@ -158,11 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             if args.duration and time.monotonic() - started >= args.duration:
                 break
-        # Let the pipeline drain what the simulator sent before it stops.
         children.stop("simulator")
-        time.sleep(15)
+        drain(common.lake_root)
     finally:
         children.stop()
-    print("\nsummary: " + progress_line(common.lake_root))
-    print("\n".join(detection_summary(common.lake_root)) or "  (no ground truth yet)")
+    print("\n" + summary(common.lake_root))
     return 0

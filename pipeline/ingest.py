@@ -34,6 +34,7 @@ class IngestBatchWriter:
     lake_root: str
     app_id: str
     dedup_horizon: str = "24 hours"
+    max_clock_ahead: str = "1 minute"
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         telemetry_path = lake.table_path(self.lake_root, lake.TELEMETRY)
@@ -56,7 +57,9 @@ class IngestBatchWriter:
     def mark_new_events(self, batch: DataFrame, telemetry_path: str) -> DataFrame:
         """``parse_events`` output plus ``is_new``: the first copy of an event_id not yet in
         ``telemetry`` (within the dedup horizon)."""
-        parsed = parse_events(batch).localCheckpoint(eager=True)
+        parsed = parse_events(batch, max_clock_ahead=self.max_clock_ahead).localCheckpoint(
+            eager=True
+        )
         valid = valid_events(parsed)
         horizon_start = F.current_timestamp() - F.expr(f"INTERVAL {self.dedup_horizon}")
         # Rows carrying this batch's own Kafka coordinates were written by an earlier attempt

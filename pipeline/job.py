@@ -1,8 +1,13 @@
 """Wire sources, transforms and sinks into the two streaming queries, and run them.
 
-ingest:   source -> parse -> quarantine | dedup -> telemetry            (foreachBatch, appends)
-features: telemetry + duplicates (Delta streams) -> registry join -> watermark -> sliding
-          windows -> features (MERGE) -> detection                      (foreachBatch, update mode)
+ingest:          source -> parse -> quarantine | dedup -> telemetry     (foreachBatch, appends)
+features:        telemetry + duplicates (Delta streams) -> registry join -> watermark -> sliding
+                 windows -> features (MERGE) -> detection               (foreachBatch, update mode)
+firmware_ingest: firmware update topic -> parse -> quarantine | firmware_updates    (appends)
+firmware:        firmware changes in telemetry LEFT JOIN firmware_updates (stream-stream,
+                 watermarked) -> unauthorized -> firmware_tamper alerts (foreachBatch, MERGE)
+
+The firmware queries run with the Kafka source when IOT_FIRMWARE_TOPIC is set.
 """
 
 from __future__ import annotations
@@ -23,17 +28,25 @@ from infra import lake
 from infra.errors import ConfigError
 from pipeline.detection import FeaturesBatchWriter
 from pipeline.features import feature_events, features_from_events
+from pipeline.firmware import (
+    FirmwareIngestWriter,
+    TamperBatchWriter,
+    firmware_changes,
+    unauthorized_changes,
+)
 from pipeline.ingest import IngestBatchWriter
 from pipeline.metrics import MetricsListener
 from pipeline.scoring import ModelScorer
 from pipeline.settings import PipelineSettings
 from pipeline.sinks import ensure_tables
-from pipeline.sources import raw_source
+from pipeline.sources import kafka_source, raw_source
 
 log = logging.getLogger(__name__)
 
 INGEST = "ingest"
 FEATURES = "features"
+FIRMWARE_INGEST = "firmware_ingest"
+FIRMWARE = "firmware"
 
 
 def check_locations(settings: PipelineSettings) -> None:
@@ -76,6 +89,12 @@ def check_topic(settings: PipelineSettings, timeout_s: float = 15.0) -> None:
         raise ConfigError(
             f"Topic {settings.topic!r} does not exist on {settings.bootstrap_servers}. Create it "
             "(iotfraud simulate creates it) or set IOT_TOPIC to an existing topic."
+        )
+    if settings.firmware_topic and settings.firmware_topic not in topics:
+        raise ConfigError(
+            f"Topic {settings.firmware_topic!r} (authorized firmware updates) does not exist on "
+            f"{settings.bootstrap_servers}. Create it (iotfraud simulate creates it), or set "
+            "IOT_FIRMWARE_TOPIC to an empty value to switch the tamper check off."
         )
 
 
@@ -125,9 +144,8 @@ class Pipeline:
         return writer.trigger(processingTime=self.settings.trigger_interval)
 
     def start_ingest(self) -> StreamingQuery:
-        writer = IngestBatchWriter(
-            self.settings.lake_root, self.settings.app_id, self.settings.dedup_horizon
-        )
+        s = self.settings
+        writer = IngestBatchWriter(s.lake_root, s.app_id, s.dedup_horizon, s.max_clock_ahead)
         raw = raw_source(self.spark, self.settings)
         query = self._writer(raw, INGEST).foreachBatch(writer).start()
         self.queries.append(query)
@@ -145,6 +163,35 @@ class Pipeline:
         )
         writer = FeaturesBatchWriter(s.lake_root, self.scorer)
         query = self._writer(features, FEATURES).outputMode("update").foreachBatch(writer).start()
+        self.queries.append(query)
+        return query
+
+    @property
+    def checks_firmware(self) -> bool:
+        return self.settings.source == "kafka" and bool(self.settings.firmware_topic)
+
+    def start_firmware_ingest(self) -> StreamingQuery:
+        writer = FirmwareIngestWriter(self.settings.lake_root, self.settings.app_id)
+        raw = kafka_source(self.spark, self.settings, topic=self.settings.firmware_topic)
+        query = self._writer(raw, FIRMWARE_INGEST).foreachBatch(writer).start()
+        self.queries.append(query)
+        return query
+
+    def start_firmware(self) -> StreamingQuery:
+        s = self.settings
+        devices = self.spark.read.format("delta").load(lake.table_path(s.lake_root, lake.DEVICES))
+        events = self.spark.readStream.format("delta").load(
+            lake.table_path(s.lake_root, lake.TELEMETRY)
+        )
+        updates = self.spark.readStream.format("delta").load(
+            lake.table_path(s.lake_root, lake.FIRMWARE_UPDATES)
+        )
+        unauthorized = unauthorized_changes(
+            firmware_changes(events, devices), updates, grace=s.firmware_grace,
+            watermark=s.watermark,
+        )  # fmt: skip
+        writer = TamperBatchWriter(s.lake_root, s.window)
+        query = self._writer(unauthorized, FIRMWARE).foreachBatch(writer).start()
         self.queries.append(query)
         return query
 
@@ -169,8 +216,12 @@ def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
     listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS))
     spark.streams.addListener(listener)
     pipeline = Pipeline(spark, settings, listener, model_scorer(settings))
+    if pipeline.checks_firmware:
+        pipeline.start_firmware_ingest()
     pipeline.start_ingest()
     pipeline.start_features()
+    if pipeline.checks_firmware:
+        pipeline.start_firmware()
     return pipeline
 
 
@@ -184,8 +235,12 @@ def run_available_now(spark: SparkSession, settings: PipelineSettings) -> Pipeli
     spark.streams.addListener(listener)
     pipeline = Pipeline(spark, settings, listener, model_scorer(settings))
     try:
+        if pipeline.checks_firmware:
+            pipeline.start_firmware_ingest().awaitTermination()
         pipeline.start_ingest().awaitTermination()
         pipeline.start_features().awaitTermination()
+        if pipeline.checks_firmware:
+            pipeline.start_firmware().awaitTermination()
     finally:
         pipeline.flush_metrics()
         spark.streams.removeListener(listener)

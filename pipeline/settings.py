@@ -50,11 +50,21 @@ class PipelineSettings(CommonSettings):
     watermark: str = Field(
         default="5 minutes", description="How late an event may be and still update its windows"
     )
+    max_clock_ahead: str = Field(
+        default="1 minute",
+        description="How far an event_time may be ahead of its message's Kafka timestamp; later "
+        "ones are quarantined (bad_timestamp) so a fast device clock cannot move the watermark",
+    )
     dedup_horizon: str = Field(
         default="24 hours", description="How far back a repeated event_id is recognised"
     )
     app_id: str = Field(
         default="iotfraud", description="Delta txnAppId prefix for idempotent appends"
+    )
+    firmware_grace: str = Field(
+        default="24 hours",
+        description="How long an authorized firmware update covers a device's reports of that "
+        "firmware (update the registry's expected firmware within this time)",
     )
     model_name: str = Field(
         default="iot-fraud", validation_alias="IOT_MODEL_NAME", description="Registered model name"
@@ -72,7 +82,15 @@ class PipelineSettings(CommonSettings):
             raise ValueError(f"Kafka source options must start with 'kafka.': {bad}")
         return value
 
-    @field_validator("trigger_interval", "window", "slide", "watermark", "dedup_horizon")
+    @field_validator(
+        "trigger_interval",
+        "window",
+        "slide",
+        "watermark",
+        "dedup_horizon",
+        "firmware_grace",
+        "max_clock_ahead",
+    )
     @classmethod
     def _duration(cls, value: str) -> str:
         if not _DURATION.match(value.strip()):
@@ -85,6 +103,11 @@ class PipelineSettings(CommonSettings):
     def _window_is_multiple_of_slide(self) -> PipelineSettings:
         if seconds(self.window) % seconds(self.slide) != 0:
             raise ValueError(f"window {self.window!r} must be a multiple of slide {self.slide!r}")
+        if seconds(self.max_clock_ahead) > seconds(self.watermark):
+            raise ValueError(
+                f"max_clock_ahead {self.max_clock_ahead!r} must not exceed the watermark "
+                f"{self.watermark!r}: events that far ahead would make on-time events late"
+            )
         return self
 
 

@@ -9,12 +9,15 @@ from pyspark.sql import functions as F
 from pipeline.settings import PipelineSettings
 
 
-def kafka_source(spark: SparkSession, settings: PipelineSettings) -> DataFrame:
-    """The telemetry topic; every ``kafka.*`` option is passed through (SASL_SSL, Event Hubs)."""
+def kafka_source(
+    spark: SparkSession, settings: PipelineSettings, topic: str | None = None
+) -> DataFrame:
+    """The telemetry topic (or ``topic``); every ``kafka.*`` option is passed through (SASL_SSL,
+    Event Hubs)."""
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
-        .option("subscribe", settings.topic)
+        .option("subscribe", topic or settings.topic)
         .option("startingOffsets", settings.starting_offsets)
         # A topic recreated or truncated under a checkpoint must not stop the pipeline silently.
         .option("failOnDataLoss", "false")

@@ -15,8 +15,6 @@ from pipeline import columns as col
 
 _RAW_MAP = "map<string,string>"
 _KNOWN_FIELDS = [name for name, _ in c.EVENT_FIELDS]
-# Events may be at most this far ahead of the time they are ingested (device clocks drift).
-MAX_FUTURE_SKEW = "INTERVAL 1 DAY"
 MIN_EVENT_TIME = "2000-01-01 00:00:00"
 
 
@@ -27,13 +25,20 @@ def _range_check(value: Column, field: str) -> Column:
     return value.isNull() | (finite & value.between(low, high))
 
 
-def parse_events(raw: DataFrame, *, max_bytes: int = c.MAX_MESSAGE_BYTES) -> DataFrame:
+def parse_events(
+    raw: DataFrame, *, max_bytes: int = c.MAX_MESSAGE_BYTES, max_clock_ahead: str = "1 minute"
+) -> DataFrame:
     """Parse raw records into typed event columns plus a quarantine ``reason`` (null when valid).
 
     Input columns: key (string), value (binary), topic, partition, offset, timestamp (the Kafka
     source's shape). Output: the input columns, every contract event column (event_time as a
     timestamp, metrics flattened), ``extra`` (unknown fields as a map), ``ingest_time``,
     ``reason`` and ``detail``. Stateless; safe on a stream.
+
+    An event_time more than ``max_clock_ahead`` after the message's own timestamp (the time it
+    was produced) comes from a clock running ahead: accepted, it would move the watermark and
+    make every on-time event of every other device late. Comparing with the message timestamp
+    rather than the clock keeps the decision the same when a batch is replayed.
     """
     # Each stage materialises its columns once: referenced many times below, a from_json inside
     # the reason chain would otherwise be evaluated again for every branch (10x slower).
@@ -92,8 +97,12 @@ def parse_events(raw: DataFrame, *, max_bytes: int = c.MAX_MESSAGE_BYTES) -> Dat
         (
             F.col("event_time").isNull()
             | (F.col("event_time") < F.lit(MIN_EVENT_TIME).cast("timestamp"))
-            | (F.col("event_time") > F.current_timestamp() + F.expr(MAX_FUTURE_SKEW))
         ).alias("_bad_time"),
+        (
+            F.col("event_time")
+            > F.coalesce(F.col(col.TIMESTAMP), F.current_timestamp())
+            + F.expr(f"INTERVAL {max_clock_ahead}")
+        ).alias("_ahead"),
         F.coalesce(*out_of_range).alias("_out_of_range"),
     )
     reason = (
@@ -103,7 +112,7 @@ def parse_events(raw: DataFrame, *, max_bytes: int = c.MAX_MESSAGE_BYTES) -> Dat
         .when(F.col("_missing").isNotNull(), F.lit(c.REASON_MISSING_FIELD))
         .when(F.col("_wrong").isNotNull() | F.col("_metrics_not_object") | F.col("_bad_id"),
               F.lit(c.REASON_WRONG_TYPE))
-        .when(F.col("_bad_time"), F.lit(c.REASON_BAD_TIMESTAMP))
+        .when(F.col("_bad_time") | F.col("_ahead"), F.lit(c.REASON_BAD_TIMESTAMP))
         .when(F.col("_out_of_range").isNotNull(), F.lit(c.REASON_OUT_OF_RANGE))
         .when(F.col(col.KEY).isNotNull() & (F.col(col.KEY) != F.col("device_id")),
               F.lit(c.REASON_KEY_MISMATCH))
@@ -118,6 +127,9 @@ def parse_events(raw: DataFrame, *, max_bytes: int = c.MAX_MESSAGE_BYTES) -> Dat
         .when(F.col("_wrong").isNotNull(), F.concat(F.lit("wrong type: "), F.col("_wrong")))
         .when(F.col("_bad_time"),
               F.concat(F.lit("event_time: "), F.substring(field("event_time"), 1, 64)))
+        .when(F.col("_ahead"),
+              F.concat(F.lit(f"event_time more than {max_clock_ahead} ahead of the message: "),
+                       F.substring(field("event_time"), 1, 64)))
         .when(F.col("_out_of_range").isNotNull(),
               F.concat(F.lit("out of range: "), F.col("_out_of_range")))
         .when(F.col(col.KEY) != F.col("device_id"), F.lit("Kafka key differs from device_id"))

@@ -6,6 +6,7 @@ Options override the ``IOT_SIM_*`` environment; a bad value stops with a message
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import signal
@@ -118,6 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
     change.add_argument("--count", type=int, default=10, help="devices to change")
     change.add_argument("--seed", type=int, help="seed of the changes (default: random)")
     change.add_argument("--lake-root", help="root of the Delta tables")
+
+    fw = sub.add_parser("firmware", help="publish an authorized firmware update")
+    fwsub = fw.add_subparsers(dest="action", required=True)
+    authorize = fwsub.add_parser(
+        "authorize", help="authorize FIRMWARE on DEVICE_ID (topic IOT_FIRMWARE_TOPIC)"
+    )
+    authorize.add_argument("device_id")
+    authorize.add_argument("firmware")
+    authorize.add_argument("--at", help="authorization time, ISO-8601 (default: now)")
+    _kafka_args(authorize)
     return parser
 
 
@@ -223,13 +234,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     check_producer_options(settings)
     ensure_topic(admin_config(settings), settings.topic, settings.partitions,
                  settings.replication_factor)  # fmt: skip
+    if settings.firmware_topic:
+        # The pipeline joins telemetry with the authorized updates published there.
+        ensure_topic(admin_config(settings), settings.firmware_topic, 1,
+                     settings.replication_factor)  # fmt: skip
     probe = Simulation(settings, registry, start_time=datetime(2000, 1, 1, tzinfo=timezone.utc))
     start = default_start(settings, probe.natural_rate, datetime.now(timezone.utc))
     runs_ahead = settings.rate > probe.natural_rate or settings.accelerate != 1.0
     if runs_ahead and not (settings.start_time or settings.duration or settings.count):
         log.warning(
-            "the simulated clock runs faster than real time from now: event times more than a "
-            "day ahead are quarantined by the pipeline; give --duration, --count or --start-time"
+            "the simulated clock runs faster than real time from now: event times ahead of the "
+            "send time are quarantined by the pipeline; give --duration, --count or --start-time"
         )
     sim = Simulation(settings, registry, start_time=start)
     with stop_on_signals() as stop:
@@ -305,10 +320,44 @@ def cmd_registry(args: argparse.Namespace) -> int:
     return 0
 
 
+def firmware_update(device_id: str, firmware: str, at: datetime) -> bytes:
+    """An authorized-update message (``infra.contract.FIRMWARE_UPDATE_FIELDS``)."""
+    authorized_at = at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    update_id = hashlib.sha256(f"{device_id}|{firmware}|{authorized_at}".encode()).hexdigest()
+    body = {"update_id": update_id[:32], "device_id": device_id, "firmware": firmware,
+            "authorized_at": authorized_at}  # fmt: skip
+    return json.dumps(body).encode()
+
+
+def cmd_firmware(args: argparse.Namespace) -> int:
+    from confluent_kafka import Producer
+
+    settings = settings_from(args)
+    if not settings.firmware_topic:
+        raise ConfigError("IOT_FIRMWARE_TOPIC is empty: set it to the topic of authorized updates")
+    try:
+        at = datetime.fromisoformat(args.at) if args.at else datetime.now(timezone.utc)
+    except ValueError:
+        raise ConfigError(f"--at expects an ISO-8601 time, got {args.at!r}") from None
+    at = at if at.tzinfo else at.replace(tzinfo=timezone.utc)
+    check_producer_options(settings)
+    ensure_topic(admin_config(settings), settings.firmware_topic, 1, settings.replication_factor)
+    producer = Producer(producer_config(settings))
+    producer.produce(settings.firmware_topic, key=args.device_id.encode(),
+                     value=firmware_update(args.device_id, args.firmware, at))  # fmt: skip
+    if producer.flush(30):
+        print(f"error: the update was not delivered to {settings.bootstrap_servers}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    print(f"authorized firmware {args.firmware} on {args.device_id} at {at.isoformat()}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
-    commands = {"simulate": cmd_simulate, "replay": cmd_replay, "registry": cmd_registry}
+    commands = {"simulate": cmd_simulate, "replay": cmd_replay, "registry": cmd_registry,
+                "firmware": cmd_firmware}  # fmt: skip
     try:
         return commands[args.command](args)
     except SetupError as exc:

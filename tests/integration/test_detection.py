@@ -71,7 +71,7 @@ def test_model_alerts_carry_the_version_and_follow_the_alias(
     settings = PipelineSettings(
         lake_root=lake, checkpoint_root=str(tmp_path / "cp"), bootstrap_servers=bootstrap,
         topic=topic, window="10 minutes", slide="5 minutes", watermark="30 minutes",
-        mlflow_tracking_uri=mlflow_uri, model_name=MODEL,
+        mlflow_tracking_uri=mlflow_uri, model_name=MODEL, firmware_topic="",
     )  # fmt: skip
     pipeline = job.start(spark, settings)
 

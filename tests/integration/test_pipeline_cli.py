@@ -29,6 +29,7 @@ def pipeline_env(tmp_path: Path, bootstrap: str, topic: str, **extra: str) -> di
         "IOT_SPARK_MASTER": "local[2]",
         "IOT_SPARK_DRIVER_MEMORY": "1g",
         "IOT_PIPELINE_STATUS_INTERVAL_S": "1",
+        "IOT_FIRMWARE_TOPIC": "",
         **extra,
     }
 

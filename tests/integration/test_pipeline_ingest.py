@@ -29,6 +29,7 @@ def settings_for(lake_root: str, tmp_path: Path, **overrides: Any) -> PipelineSe
         window="10 minutes",
         slide="5 minutes",
         watermark="10 minutes",
+        firmware_topic="",
         **overrides,
     )
 

@@ -66,6 +66,9 @@ BAD_RECORDS: list[tuple[bytes, str, str | None]] = [
          None),
         (json.dumps(event(event_time="2999-01-01T00:00:00Z")).encode(), c.REASON_BAD_TIMESTAMP,
          None),
+        # A device clock 20 minutes ahead of the time the message was produced (KAFKA_TS).
+        (json.dumps(event(event_time="2026-11-22T08:20:00Z")).encode(), c.REASON_BAD_TIMESTAMP,
+         "event_time more than 1 minute ahead of the message: 2026-11-22T08:20:00Z"),
         (json.dumps(event(lat=123.0)).encode(), c.REASON_OUT_OF_RANGE, "out of range: lat"),
         (json.dumps(event(seq=-1)).encode(), c.REASON_OUT_OF_RANGE, "out of range: seq"),
         (json.dumps(event(metrics={"humidity_pct": 140})).encode(), c.REASON_OUT_OF_RANGE,
@@ -93,6 +96,12 @@ def test_bad_records_get_a_reason(parsed_bad_records: list[Any], case: int) -> N
         assert row.detail == detail
     else:
         assert row.detail
+
+
+def test_a_clock_slightly_ahead_or_behind_is_accepted(spark: Any) -> None:
+    values = [json.dumps(event(event_time=t)).encode()
+              for t in ("2026-11-22T08:00:50Z", "2026-11-22T02:00:00Z")]  # fmt: skip
+    assert [row.reason for row in parse(spark, values)] == [None, None]
 
 
 def test_numbers_sent_as_strings_and_null_key_are_accepted(spark: Any) -> None:

@@ -1,0 +1,204 @@
+"""Firmware tamper detection: reported firmware changes joined, stream to stream, with the
+authorized updates.
+
+firmware_ingest: topic iot.firmware_updates -> parse -> quarantine | ``firmware_updates`` (Delta)
+firmware:        telemetry (Delta stream) + registry -> events whose firmware is not the
+                 registered one -> LEFT OUTER JOIN ``firmware_updates`` (Delta stream) on device,
+                 firmware and ``authorized_at`` within [event_time - grace, event_time +
+                 watermark] -> events no update authorizes -> ``firmware_tamper`` alerts (MERGE)
+
+Both sides carry a watermark and the join condition bounds time, so Spark drops join state once
+the watermark has passed it, and emits an unmatched change only when no update can match it any
+more. The session uses the ``max`` watermark policy (see ``infra.spark``): the update topic is
+quiet most of the time and must not hold back the telemetry's watermark.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from infra import contract as c
+from infra import lake
+from pipeline import columns as col
+from pipeline.detection import merge_alerts
+from pipeline.features import with_device
+from pipeline.rules import alert_id
+from pipeline.sinks import idempotent_append
+
+log = logging.getLogger(__name__)
+
+TAMPER = "firmware_tamper"
+
+
+def parse_firmware_updates(raw: DataFrame) -> DataFrame:
+    """Parse update records; ``reason`` is null for a valid update.
+
+    Input: the Kafka source's shape (key, value, topic, partition, offset, timestamp). Output:
+    the ``firmware_updates`` columns plus the raw ones, ``reason`` and ``detail``. Stateless.
+    """
+    decoded = raw.select("*", F.from_json(F.col(col.VALUE).cast("string"),
+                                          "map<string,string>").alias("_f"))  # fmt: skip
+
+    def field(name: str) -> Column:
+        return F.col("_f")[name]
+
+    missing = F.coalesce(*(F.when(field(f).isNull(), F.lit(f)) for f in c.FIRMWARE_UPDATE_REQUIRED))
+    authorized_at = F.try_to_timestamp(field("authorized_at"))
+    typed = decoded.select(
+        "*",
+        F.coalesce(field("update_id"), F.sha2(F.col(col.VALUE), 256)).alias("update_id"),
+        field("device_id").alias("device_id"),
+        field("firmware").alias("firmware"),
+        authorized_at.alias("authorized_at"),
+        missing.alias("_missing"),
+        F.current_timestamp().alias("ingest_time"),
+    )
+    reason = (
+        F.when(F.col("_f").isNull(), F.lit(c.REASON_INVALID_JSON))
+        .when(F.col("_missing").isNotNull(), F.lit(c.REASON_MISSING_FIELD))
+        .when(F.col("authorized_at").isNull(), F.lit(c.REASON_BAD_TIMESTAMP))
+    )
+    detail = (
+        F.when(F.col("_f").isNull(), F.lit("firmware update is not a JSON object"))
+        .when(F.col("_missing").isNotNull(), F.concat(F.lit("missing "), F.col("_missing")))
+        .when(F.col("authorized_at").isNull(),
+              F.concat(F.lit("authorized_at: "), F.substring(field("authorized_at"), 1, 64)))
+    )  # fmt: skip
+    return typed.select("*", reason.alias(col.REASON), detail.alias(col.DETAIL)).drop(
+        "_f", "_missing"
+    )
+
+
+def valid_updates(parsed: DataFrame) -> DataFrame:
+    """Valid rows of ``parse_firmware_updates`` in the ``firmware_updates`` table's shape."""
+    return parsed.where(F.col(col.REASON).isNull()).select(
+        "update_id", "device_id", "firmware", "authorized_at",
+        F.col(col.TOPIC).alias("kafka_topic"), F.col(col.PARTITION).alias("kafka_partition"),
+        F.col(col.OFFSET).alias("kafka_offset"), F.col(col.TIMESTAMP).alias("kafka_timestamp"),
+        "ingest_time",
+    )  # fmt: skip
+
+
+def rejected_updates(parsed: DataFrame) -> DataFrame:
+    """Invalid rows of ``parse_firmware_updates`` in the ``quarantine`` table's shape."""
+    return parsed.where(F.col(col.REASON).isNotNull()).select(
+        F.col(col.VALUE).alias("raw_value"), F.col(col.KEY).alias("raw_key"),
+        F.col(col.REASON).alias("reason"), F.col(col.DETAIL).alias("detail"), "device_id",
+        F.col("update_id").alias("event_id"), F.col("authorized_at").alias("event_time"),
+        F.col(col.TOPIC).alias("kafka_topic"), F.col(col.PARTITION).alias("kafka_partition"),
+        F.col(col.OFFSET).alias("kafka_offset"), F.col(col.TIMESTAMP).alias("kafka_timestamp"),
+        "ingest_time",
+    )  # fmt: skip
+
+
+def firmware_changes(events: DataFrame, devices: DataFrame) -> DataFrame:
+    """Events reporting a firmware other than the registry's expected one (registered devices).
+
+    Input: telemetry rows; ``devices``: the registry. Output: device_id, event_time, firmware,
+    expected_firmware. Safe on a stream (stream-static join).
+    """
+    joined = with_device(events.select("device_id", "event_time", "firmware"), devices)
+    return joined.where(
+        F.col("firmware").isNotNull()
+        & F.col("expected_firmware").isNotNull()
+        & (F.col("firmware") != F.col("expected_firmware"))
+    ).select("device_id", "event_time", "firmware", "expected_firmware")
+
+
+def unauthorized_changes(
+    changes: DataFrame, updates: DataFrame, *, grace: str, watermark: str | None = None
+) -> DataFrame:
+    """The changes that no update authorizes: same device and firmware, ``authorized_at`` from
+    ``grace`` before the event up to ``watermark`` after it.
+
+    Input: ``firmware_changes`` output; ``updates`` with device_id, firmware, authorized_at,
+    update_id. Output: the change columns. On streams ``watermark`` is required: it bounds the
+    join state and decides when an unmatched change is final (left outer join).
+    """
+    after = watermark or "0 seconds"
+    if watermark:
+        changes = changes.withWatermark("event_time", watermark)
+    right = updates.select(
+        F.col("device_id").alias("u_device_id"), F.col("firmware").alias("u_firmware"),
+        "authorized_at", "update_id",
+    )  # fmt: skip
+    if watermark:
+        right = right.withWatermark("authorized_at", watermark)
+    condition = (
+        (F.col("device_id") == F.col("u_device_id"))
+        & (F.col("firmware") == F.col("u_firmware"))
+        & (F.col("authorized_at") >= F.col("event_time") - F.expr(f"INTERVAL {grace}"))
+        & (F.col("authorized_at") <= F.col("event_time") + F.expr(f"INTERVAL {after}"))
+    )
+    return (
+        changes.join(right, condition, "leftOuter")
+        .where(F.col("update_id").isNull())
+        .select("device_id", "event_time", "firmware", "expected_firmware")
+    )
+
+
+def tamper_alerts(unauthorized: DataFrame, *, window: str) -> DataFrame:
+    """One ``firmware_tamper`` alert per device and window of ``unauthorized_changes`` rows.
+
+    Windows are tumbling, ``window`` long, so the alert_id of a device's window is the same in
+    every micro-batch. Not for streams: use it inside ``foreachBatch`` or on static data.
+    """
+    grouped = unauthorized.groupBy("device_id", F.window("event_time", window).alias("w")).agg(
+        F.min("event_time").alias("first_event_time"),
+        F.max("event_time").alias("last_event_time"),
+        F.max_by("firmware", "event_time").alias("firmware"),
+        F.first("expected_firmware").alias("expected_firmware"),
+    )
+    return grouped.select(
+        alert_id(F.col("device_id"), F.lit(TAMPER), F.col("w.start")).alias("alert_id"),
+        "device_id",
+        F.lit(TAMPER).alias("alert_type"),
+        F.lit("critical").alias("severity"),
+        F.lit(1.0).alias("score"),
+        F.array(F.format_string(
+            "firmware %s reported with no authorized update (registry expects %s)",
+            F.col("firmware"), F.col("expected_firmware"))).alias("reasons"),
+        F.lit(None).cast("string").alias("model_name"),
+        F.lit(None).cast("string").alias("model_version"),
+        F.col("w.start").alias(col.WINDOW_START),
+        F.col("w.end").alias(col.WINDOW_END),
+        "first_event_time",
+        "last_event_time",
+    )  # fmt: skip
+
+
+@dataclass
+class FirmwareIngestWriter:
+    """``foreachBatch`` of the update topic: valid updates to ``firmware_updates``, the rest to
+    ``quarantine``, each append idempotent per batch."""
+
+    lake_root: str
+    app_id: str
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        parsed = parse_firmware_updates(batch).localCheckpoint(eager=True)
+        idempotent_append(valid_updates(parsed),
+                          lake.table_path(self.lake_root, lake.FIRMWARE_UPDATES),
+                          f"{self.app_id}-firmware-updates", batch_id)  # fmt: skip
+        idempotent_append(rejected_updates(parsed),
+                          lake.table_path(self.lake_root, lake.QUARANTINE),
+                          f"{self.app_id}-firmware-quarantine", batch_id)  # fmt: skip
+
+
+@dataclass
+class TamperBatchWriter:
+    """``foreachBatch`` of the join: MERGE tamper alerts (a replayed batch changes nothing)."""
+
+    lake_root: str
+    window: str
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        alerts = tamper_alerts(batch, window=self.window).withColumns(
+            {"detected_at": F.current_timestamp(), "batch_id": F.lit(batch_id).cast("long")}
+        )
+        merge_alerts(alerts.select(*c.column_names(c.ALERTS_COLUMNS)),
+                     lake.table_path(self.lake_root, lake.ALERTS))  # fmt: skip

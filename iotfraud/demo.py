@@ -85,9 +85,12 @@ def progress_line(lake_root: str) -> str:
     )
 
 
-def drain(lake_root: str, quiet_s: float = 15.0, timeout_s: float = 180.0) -> None:
+def drain(lake_root: str, quiet_s: float = 45.0, timeout_s: float = 300.0) -> None:
     """Let the pipeline finish what the simulator sent: wait until the tables stop changing for
-    ``quiet_s`` seconds (at most ``timeout_s``)."""
+    ``quiet_s`` seconds, longer than a busy micro-batch of the features query (at most
+    ``timeout_s``)."""
+    print(f"finishing what the simulator sent (until the tables are quiet for {quiet_s:.0f} s)",
+          flush=True)  # fmt: skip
     deadline = time.monotonic() + timeout_s
     last, since = progress_line(lake_root), time.monotonic()
     while time.monotonic() < deadline and time.monotonic() - since < quiet_s:

@@ -159,8 +159,25 @@ def alert_latency(lake_root: str) -> tuple[float, float] | None:
     return float(seconds.quantile(0.5)), float(seconds.quantile(0.95))
 
 
-def summary(lake_root: str) -> str:
-    """What the demo ends with: row counts, alerts by type, quality per scenario, latency."""
+def messages_in_topic(bootstrap: str, topic: str) -> int:
+    """Messages the topic holds: the sum over its partitions of end minus start offset."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "iotfraud-demo-summary"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        total = 0
+        for partition in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
+            total += high - low
+        return total
+    finally:
+        consumer.close()
+
+
+def summary(lake_root: str, produced: int | None = None) -> str:
+    """What the demo ends with: messages produced, row counts, alerts by type, quality per
+    scenario, latency."""
     latency = alert_latency(lake_root)
     latency_line = (
         "alert latency (Kafka -> alert committed): n/a (no alerts)"
@@ -169,6 +186,7 @@ def summary(lake_root: str) -> str:
         f"p95 {latency[1]:.1f} s"
     )
     return "\n".join([
+        *([] if produced is None else [f"produced to Kafka: {produced:,} messages"]),
         "summary: " + progress_line(lake_root),
         "detection against ground truth (an injection is detected when an alert of its type "
         "overlaps it on its device):",
@@ -268,5 +286,6 @@ def main(argv: list[str] | None = None) -> int:
         drain(common.lake_root)
     finally:
         children.stop()
-    print("\n" + summary(common.lake_root))
+    print("\n" + summary(common.lake_root, messages_in_topic(status.bootstrap_servers,
+                                                           common.topic)))  # fmt: skip
     return 0

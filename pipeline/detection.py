@@ -14,7 +14,7 @@ from infra import lake
 from pipeline import columns as col
 from pipeline.rules import Thresholds, rule_alerts
 from pipeline.scoring import ModelScorer, model_alerts
-from pipeline.sinks import upsert
+from pipeline.sinks import retry_on_conflict, upsert
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +26,18 @@ _UPDATABLE = ("severity", "score", "reasons", "window_end", "last_event_time", "
 def merge_alerts(alerts: DataFrame, path: str) -> None:
     """MERGE on alert_id: new alerts inserted, changed ones updated; a replay changes nothing."""
     changed = " OR ".join(f"NOT (t.`{f}` <=> s.`{f}`)" for f in _UPDATABLE)
-    (
-        DeltaTable.forPath(alerts.sparkSession, path)
-        .alias("t")
-        .merge(alerts.alias("s"), "t.alert_id = s.alert_id")
-        .whenMatchedUpdate(condition=changed, set={f: f"s.`{f}`" for f in _UPDATABLE})
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
+
+    def merge() -> None:
+        (
+            DeltaTable.forPath(alerts.sparkSession, path)
+            .alias("t")
+            .merge(alerts.alias("s"), "t.alert_id = s.alert_id")
+            .whenMatchedUpdate(condition=changed, set={f: f"s.`{f}`" for f in _UPDATABLE})
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
+
+    retry_on_conflict(merge, "alerts MERGE")
 
 
 @dataclass

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -64,3 +66,26 @@ def upsert(spark: SparkSession, df: DataFrame, path: str, keys: list[str]) -> No
         .whenNotMatchedInsertAll()
         .execute()
     )
+
+
+def is_write_conflict(exc: BaseException) -> bool:
+    """A Delta commit that lost to a concurrent writer (``io.delta.exceptions.Concurrent*``)."""
+    text = str(exc)
+    return "DELTA_CONCURRENT" in text or "io.delta.exceptions.Concurrent" in text
+
+
+def retry_on_conflict(write: Callable[[], None], what: str, attempts: int = 5) -> None:
+    """Run ``write``, again when it conflicted with a concurrent commit to the same table.
+
+    Two queries MERGE into ``alerts`` (features and firmware); a MERGE that lost commits
+    nothing, and running it again is safe because MERGEs on deterministic keys are idempotent.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            write()
+            return
+        except Exception as exc:
+            if attempt == attempts or not is_write_conflict(exc):
+                raise
+            log.info("%s conflicted with a concurrent commit; retrying (%d)", what, attempt)
+            time.sleep(0.2 * attempt)

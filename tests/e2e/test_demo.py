@@ -76,6 +76,10 @@ def test_bounded_demo_detects_every_injected_scenario(
     assert counts, out[-4000:]
     telemetry, quarantine, alerts = (int(n.replace(",", "")) for n in counts.groups())
     assert telemetry > 10_000 and quarantine > 0 and alerts > 0
+    produced = re.search(r"produced to Kafka: ([\d,]+) messages", out)
+    assert produced, out[-4000:]
+    # Every message produced is in telemetry or in quarantine (with a reason): nothing lost.
+    assert int(produced.group(1).replace(",", "")) == telemetry + quarantine
 
     table = summary_table(out)
     injected = {s: row for s, row in table.items() if s in c.FRAUD_SCENARIOS}

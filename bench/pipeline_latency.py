@@ -1,0 +1,190 @@
+"""End-to-end latency and resource use of the live pipeline at a fixed event rate.
+
+Usage::
+
+    .venv/bin/python bench/pipeline_latency.py [--rate 5000] [--seconds 300] [--devices 2000]
+
+Starts its own broker (free ports, temp folder) unless KAFKA_BOOTSTRAP_SERVERS is set, creates a
+registry, starts the pipeline live (``python -m pipeline run``, 1 s trigger, rules only, local[2],
+2 shuffle partitions) and, once it has started, the simulator at ``--rate`` events/s for
+``--seconds`` (all scenarios). Then it lets the pipeline drain (at most ``--drain`` seconds) and
+prints a JSON object:
+
+- ingest latency: ``telemetry.ingest_time - kafka_timestamp`` (message in Kafka -> micro-batch
+  that wrote it to ``telemetry`` started), p50/p95/max;
+- alert latency: ``iotfraud.demo.alert_latency`` (a device's latest message in Kafka -> the alert
+  on it committed), p50/p95;
+- per query, from ``pipeline_metrics``: batches, batch duration p50/p95, input rows/s, state rows
+  at the start and at the end, late rows dropped;
+- the pipeline's resident memory (Python driver + JVM) sampled every 5 s: first, max, last;
+- whether the pipeline kept up: rows in the lake at the end of sending vs messages sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from infra.kafka import KafkaBroker
+from infra.ports import free_port
+from infra.settings import StackSettings
+from iotfraud.demo import alert_latency, table_rows
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and its descendants, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total_kb, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+        except OSError:
+            continue
+        match = re.search(r"VmRSS:\s+(\d+) kB", status)
+        total_kb += int(match.group(1)) if match else 0
+        todo.extend(children.get(current, []))
+    return total_kb / 1024
+
+
+def lake_rows(lake: str) -> int:
+    return len(table_rows(lake, "telemetry", ["event_id"])) + len(
+        table_rows(lake, "quarantine", ["reason"])
+    )
+
+
+def quantiles(values: pd.Series) -> dict[str, float]:
+    return {"p50": round(float(values.quantile(0.5)), 2),
+            "p95": round(float(values.quantile(0.95)), 2),
+            "max": round(float(values.max()), 2)}  # fmt: skip
+
+
+def query_metrics(lake: str) -> dict[str, Any]:
+    metrics = pd.DataFrame(table_rows(lake, "pipeline_metrics"))
+    out: dict[str, Any] = {}
+    for name, rows in metrics.sort_values("timestamp").groupby("query_name"):
+        busy = rows[rows["num_input_rows"] > 0]
+        out[str(name)] = {
+            "batches": len(rows),
+            "batch_duration_s": quantiles(busy["batch_duration_ms"] / 1000) if len(busy) else None,
+            "input_rows_per_s_p50": round(float(busy["input_rows_per_second"].median()), 1)
+            if len(busy) else None,
+            "state_rows_first_last": [int(rows["state_rows"].iloc[0] or 0),
+                                      int(rows["state_rows"].iloc[-1] or 0)],
+            "late_rows_dropped": int(rows["late_rows_dropped"].fillna(0).sum()),
+        }  # fmt: skip
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rate", type=float, default=5000)
+    parser.add_argument("--seconds", type=float, default=300)
+    parser.add_argument("--devices", type=int, default=2000)
+    parser.add_argument("--drain", type=float, default=600)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="latbench-") as tmp:
+        root = Path(tmp)
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        broker = None
+        if not bootstrap:
+            broker = KafkaBroker(root / "kafka", StackSettings().cache_dir, port=free_port(),
+                                 controller_port=free_port(), heap="1g")  # fmt: skip
+            broker.start()
+            bootstrap = broker.bootstrap_servers
+        lake = str(root / "lake")
+        env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "IOT_LAKE_ROOT": lake,
+               "IOT_TOPIC": "bench.telemetry", "IOT_PIPELINE_CHECKPOINT_ROOT": str(root / "cp"),
+               "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'none.db'}",
+               "IOT_SPARK_MASTER": "local[2]", "IOT_SPARK_SHUFFLE_PARTITIONS": "2",
+               "IOT_PIPELINE_TRIGGER_INTERVAL": "1 second", "IOT_SIM_DEVICES": str(args.devices),
+               "IOT_SIM_PARTITIONS": "4"}  # fmt: skip
+        subprocess.run([sys.executable, "-m", "simulator", "registry", "create"], env=env,
+                       check=True, capture_output=True)  # fmt: skip
+        # The topics exist before the pipeline checks them: a zero-length simulator run.
+        subprocess.run([sys.executable, "-m", "simulator", "simulate", "--count", "1",
+                        "--no-scenarios", "--no-progress"], env=env, check=True,
+                       capture_output=True)  # fmt: skip
+        log = (root / "pipeline.log").open("wb")
+        pipeline = subprocess.Popen([sys.executable, "-m", "pipeline", "run"], env=env,
+                                    stdout=log, stderr=log, start_new_session=True)  # fmt: skip
+        memory: list[float] = []
+        try:
+            while lake_rows(lake) < 1:  # the single warm-up message is through: it runs
+                assert pipeline.poll() is None, (root / "pipeline.log").read_text()[-3000:]
+                time.sleep(1)
+            started = time.monotonic()
+            simulator = subprocess.Popen(
+                [sys.executable, "-m", "simulator", "simulate", "--rate", str(args.rate),
+                 "--duration", str(args.seconds), "--no-progress"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            while simulator.poll() is None:
+                memory.append(tree_rss_mb(pipeline.pid))
+                time.sleep(5)
+            out, _ = simulator.communicate()
+            final = out.decode().strip().splitlines()[-1]
+            match = re.search(r"sent ([\d,]+)", final)
+            assert match, final
+            sent = int(match.group(1).replace(",", "")) + 1  # and the warm-up message
+            in_lake_at_end = lake_rows(lake)
+            send_s = time.monotonic() - started
+            deadline = time.monotonic() + args.drain
+            while lake_rows(lake) < sent and time.monotonic() < deadline:
+                memory.append(tree_rss_mb(pipeline.pid))
+                time.sleep(5)
+            drained_s = time.monotonic() - started
+            time.sleep(30)  # the features query finishes its last batches
+        finally:
+            pipeline.send_signal(signal.SIGTERM)
+            try:
+                pipeline.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(pipeline.pid, signal.SIGKILL)
+            log.close()
+            if broker:
+                broker.stop()
+
+        telemetry = pd.DataFrame(table_rows(lake, "telemetry", ["ingest_time", "kafka_timestamp"]))
+        ingested = pd.to_datetime(telemetry["ingest_time"], utc=True)
+        ingest = (
+            ingested - pd.to_datetime(telemetry["kafka_timestamp"], utc=True)
+        ).dt.total_seconds()
+        alerts = alert_latency(lake)
+        result = {
+            "rate": args.rate, "seconds": args.seconds, "devices": args.devices,
+            "sent": sent, "send_s": round(send_s, 1),
+            "in_lake_when_sending_ended": in_lake_at_end,
+            "in_lake_at_end": lake_rows(lake), "caught_up_after_s": round(drained_s, 1),
+            "ingest_latency_s": quantiles(ingest),
+            "alert_latency_s": None if alerts is None else {"p50": round(alerts[0], 2),
+                                                            "p95": round(alerts[1], 2)},
+            "queries": query_metrics(lake),
+            "pipeline_rss_mb": {"first": round(memory[0]), "max": round(max(memory)),
+                                "last": round(memory[-1])} if memory else None,
+        }  # fmt: skip
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 def test_simulator_output_parses_as_labelled(spark: Any) -> None:
     # Every scenario on, about 10 injections each in the half hour, plus explicit malformed ones.
     settings = SimulatorSettings(devices=150, seed=11, scenario_rate=130)
-    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=2)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=45)
     sim = Simulation(settings, build_registry(150, seed=11), start_time=start)
     for at in range(0, 1800, 300):
         sim.inject("malformed", start_s=at, duration_s=240)
@@ -36,14 +36,23 @@ def test_simulator_output_parses_as_labelled(spark: Any) -> None:
         values += batch.values
     assert labels, "the simulator injected no malformed messages"
 
+    produced_at = datetime.now(timezone.utc).replace(microsecond=0)
     raw = spark.createDataFrame(
         [
-            (k, v, "contract", 0, i, start)
+            (k, v, "contract", 0, i, produced_at)
             for i, (k, v) in enumerate(zip(keys, values, strict=True))
         ],
         "key string, value binary, topic string, partition int, offset long, timestamp timestamp",
     )
     parsed = {r.offset: r for r in parse_events(raw).collect()}
+    # A clock running ahead (clock_skew) more than a minute past the send time is quarantined,
+    # so it cannot move the watermark: that is the label such an event gets.
+    for i, value in enumerate(values):
+        if i not in labels:
+            event_time = datetime.fromisoformat(json.loads(value)["event_time"])
+            if event_time > produced_at + timedelta(minutes=1):
+                labels[i] = c.REASON_BAD_TIMESTAMP
+    assert c.REASON_BAD_TIMESTAMP in labels.values(), "no clock ran ahead: the check is idle"
 
     wrong = {i: (parsed[i].reason, labels.get(i)) for i in parsed
              if parsed[i].reason != labels.get(i)}  # fmt: skip

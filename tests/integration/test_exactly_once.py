@@ -59,7 +59,6 @@ def test_sigkill_and_restart_give_the_same_tables(
     spark: Any, bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     topic = make_topic(partitions=3)
-    firmware_topic = make_topic(partitions=1, prefix="firmware")
     start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
     devices = [f"dev-{i}" for i in range(6)]
     events = []
@@ -78,7 +77,7 @@ def test_sigkill_and_restart_give_the_same_tables(
         lake_root=str(tmp_path / "reference" / "lake"),
         checkpoint_root=str(tmp_path / "reference" / "cp"),
         bootstrap_servers=bootstrap, topic=topic, max_offsets_per_trigger=150,
-        firmware_topic=firmware_topic, mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
+        firmware_topic="", mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
         **{k.removeprefix("IOT_PIPELINE_").lower(): v for k, v in WINDOWING.items()},
     )  # fmt: skip
     job.run_available_now(spark, reference)
@@ -90,7 +89,7 @@ def test_sigkill_and_restart_give_the_same_tables(
         "IOT_LAKE_ROOT": killed_lake,
         "IOT_PIPELINE_CHECKPOINT_ROOT": str(tmp_path / "killed" / "cp"),
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "IOT_TOPIC": topic,
-        "IOT_FIRMWARE_TOPIC": firmware_topic, "IOT_PIPELINE_MAX_OFFSETS_PER_TRIGGER": "150",
+        "IOT_FIRMWARE_TOPIC": "", "IOT_PIPELINE_MAX_OFFSETS_PER_TRIGGER": "150",
         "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'none.db'}",
         "IOT_SPARK_MASTER": "local[2]", "IOT_SPARK_SHUFFLE_PARTITIONS": "2",
         "IOT_SPARK_DRIVER_MEMORY": "1g",

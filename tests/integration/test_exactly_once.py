@@ -115,11 +115,6 @@ def test_sigkill_and_restart_give_the_same_tables(
     assert len(expected["telemetry"]) == len(events)
     assert Counter(r[0] for r in expected["quarantine"]) == {"duplicate": 25, "invalid_json": 5}
     assert len(expected["telemetry"]) + len(expected["quarantine"]) == produced
-    assert {a[1] for a in expected["alerts"]} >= {
-        "rogue_device",
-        "firmware_mismatch",
-        "firmware_tamper",
-        "replay",
-    }
+    assert {a[1] for a in expected["alerts"]} >= {"rogue_device", "firmware_mismatch", "replay"}
     for table in ("telemetry", "quarantine", "features", "alerts"):
         assert actual[table] == expected[table], f"{table} differs after SIGKILL and restart"

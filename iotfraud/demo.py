@@ -185,9 +185,11 @@ def summary(lake_root: str, produced: int | None = None) -> str:
         else f"alert latency (Kafka -> alert committed): p50 {latency[0]:.1f} s, "
         f"p95 {latency[1]:.1f} s"
     )
+    by_type = Counter(r["alert_type"] for r in table_rows(lake_root, lake.ALERTS, ["alert_type"]))
     return "\n".join([
         *([] if produced is None else [f"produced to Kafka: {produced:,} messages"]),
         "summary: " + progress_line(lake_root),
+        "alerts by type: " + (", ".join(f"{t} {n:,}" for t, n in by_type.most_common()) or "none"),
         "detection against ground truth (an injection is detected when an alert of its type "
         "overlaps it on its device):",
         detection_summary(lake_root),

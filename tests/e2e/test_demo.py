@@ -81,6 +81,12 @@ def test_bounded_demo_detects_every_injected_scenario(
     # Every message produced is in telemetry or in quarantine (with a reason): nothing lost.
     assert int(produced.group(1).replace(",", "")) == telemetry + quarantine
 
+    by_type = re.search(r"alerts by type: (.+)", out)
+    assert by_type, out[-4000:]
+    counts_by_type = {t: int(n.replace(",", "")) for t, n in
+                      (item.rsplit(" ", 1) for item in by_type.group(1).split(", "))}  # fmt: skip
+    assert sum(counts_by_type.values()) == alerts
+
     table = summary_table(out)
     injected = {s: row for s, row in table.items() if s in c.FRAUD_SCENARIOS}
     assert set(injected) == set(c.FRAUD_SCENARIOS), out[-4000:]

@@ -35,10 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from bench_broker import bench_broker
 
-from infra.kafka import KafkaBroker
-from infra.ports import free_port
-from infra.settings import StackSettings
 from iotfraud.demo import alert_latency, table_rows
 
 
@@ -94,6 +92,63 @@ def query_metrics(lake: str) -> dict[str, Any]:
     return out
 
 
+def run(
+    root: Path, bootstrap: str, args: argparse.Namespace
+) -> tuple[int, int, float, float, list[float]]:
+    """Registry, pipeline and simulator against ``bootstrap``; what the measurement needs."""
+    lake = str(root / "lake")
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "IOT_LAKE_ROOT": lake,
+           "IOT_TOPIC": "bench.telemetry", "IOT_PIPELINE_CHECKPOINT_ROOT": str(root / "cp"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'none.db'}",
+           "IOT_SPARK_MASTER": "local[2]", "IOT_SPARK_SHUFFLE_PARTITIONS": "2",
+           "IOT_PIPELINE_TRIGGER_INTERVAL": "1 second", "IOT_SIM_DEVICES": str(args.devices),
+           "IOT_SIM_PARTITIONS": "4"}  # fmt: skip
+    subprocess.run([sys.executable, "-m", "simulator", "registry", "create"], env=env,
+                   check=True, capture_output=True)  # fmt: skip
+    # The topics exist before the pipeline checks them: a zero-length simulator run.
+    subprocess.run([sys.executable, "-m", "simulator", "simulate", "--count", "1",
+                    "--no-scenarios", "--no-progress"], env=env, check=True,
+                   capture_output=True)  # fmt: skip
+    log = (root / "pipeline.log").open("wb")
+    pipeline = subprocess.Popen([sys.executable, "-m", "pipeline", "run"], env=env,
+                                stdout=log, stderr=log, start_new_session=True)  # fmt: skip
+    memory: list[float] = []
+    try:
+        while lake_rows(lake) < 1:  # the single warm-up message is through: it runs
+            assert pipeline.poll() is None, (root / "pipeline.log").read_text()[-3000:]
+            time.sleep(1)
+        started = time.monotonic()
+        simulator = subprocess.Popen(
+            [sys.executable, "-m", "simulator", "simulate", "--rate", str(args.rate),
+             "--duration", str(args.seconds), "--no-progress"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        while simulator.poll() is None:
+            memory.append(tree_rss_mb(pipeline.pid))
+            time.sleep(5)
+        out, _ = simulator.communicate()
+        final = out.decode().strip().splitlines()[-1]
+        match = re.search(r"sent ([\d,]+)", final)
+        assert match, final
+        sent = int(match.group(1).replace(",", "")) + 1  # and the warm-up message
+        in_lake_at_end = lake_rows(lake)
+        send_s = time.monotonic() - started
+        deadline = time.monotonic() + args.drain
+        while lake_rows(lake) < sent and time.monotonic() < deadline:
+            memory.append(tree_rss_mb(pipeline.pid))
+            time.sleep(5)
+        drained_s = time.monotonic() - started
+        time.sleep(30)  # the features query finishes its last batches
+    finally:
+        pipeline.send_signal(signal.SIGTERM)
+        try:
+            pipeline.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(pipeline.pid, signal.SIGKILL)
+        log.close()
+    return sent, in_lake_at_end, send_s, drained_s, memory
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rate", type=float, default=5000)
@@ -104,65 +159,9 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="latbench-") as tmp:
         root = Path(tmp)
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-        broker = None
-        if not bootstrap:
-            broker = KafkaBroker(root / "kafka", StackSettings().cache_dir, port=free_port(),
-                                 controller_port=free_port(), heap="1g")  # fmt: skip
-            broker.start()
-            bootstrap = broker.bootstrap_servers
+        with bench_broker(root / "kafka") as bootstrap:
+            sent, in_lake_at_end, send_s, drained_s, memory = run(root, bootstrap, args)
         lake = str(root / "lake")
-        env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "IOT_LAKE_ROOT": lake,
-               "IOT_TOPIC": "bench.telemetry", "IOT_PIPELINE_CHECKPOINT_ROOT": str(root / "cp"),
-               "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'none.db'}",
-               "IOT_SPARK_MASTER": "local[2]", "IOT_SPARK_SHUFFLE_PARTITIONS": "2",
-               "IOT_PIPELINE_TRIGGER_INTERVAL": "1 second", "IOT_SIM_DEVICES": str(args.devices),
-               "IOT_SIM_PARTITIONS": "4"}  # fmt: skip
-        subprocess.run([sys.executable, "-m", "simulator", "registry", "create"], env=env,
-                       check=True, capture_output=True)  # fmt: skip
-        # The topics exist before the pipeline checks them: a zero-length simulator run.
-        subprocess.run([sys.executable, "-m", "simulator", "simulate", "--count", "1",
-                        "--no-scenarios", "--no-progress"], env=env, check=True,
-                       capture_output=True)  # fmt: skip
-        log = (root / "pipeline.log").open("wb")
-        pipeline = subprocess.Popen([sys.executable, "-m", "pipeline", "run"], env=env,
-                                    stdout=log, stderr=log, start_new_session=True)  # fmt: skip
-        memory: list[float] = []
-        try:
-            while lake_rows(lake) < 1:  # the single warm-up message is through: it runs
-                assert pipeline.poll() is None, (root / "pipeline.log").read_text()[-3000:]
-                time.sleep(1)
-            started = time.monotonic()
-            simulator = subprocess.Popen(
-                [sys.executable, "-m", "simulator", "simulate", "--rate", str(args.rate),
-                 "--duration", str(args.seconds), "--no-progress"],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            while simulator.poll() is None:
-                memory.append(tree_rss_mb(pipeline.pid))
-                time.sleep(5)
-            out, _ = simulator.communicate()
-            final = out.decode().strip().splitlines()[-1]
-            match = re.search(r"sent ([\d,]+)", final)
-            assert match, final
-            sent = int(match.group(1).replace(",", "")) + 1  # and the warm-up message
-            in_lake_at_end = lake_rows(lake)
-            send_s = time.monotonic() - started
-            deadline = time.monotonic() + args.drain
-            while lake_rows(lake) < sent and time.monotonic() < deadline:
-                memory.append(tree_rss_mb(pipeline.pid))
-                time.sleep(5)
-            drained_s = time.monotonic() - started
-            time.sleep(30)  # the features query finishes its last batches
-        finally:
-            pipeline.send_signal(signal.SIGTERM)
-            try:
-                pipeline.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(pipeline.pid, signal.SIGKILL)
-            log.close()
-            if broker:
-                broker.stop()
 
         telemetry = pd.DataFrame(table_rows(lake, "telemetry", ["ingest_time", "kafka_timestamp"]))
         ingested = pd.to_datetime(telemetry["ingest_time"], utc=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -28,10 +27,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench_broker import bench_broker
+
 from infra import contract as c
-from infra.kafka import KafkaBroker
-from infra.ports import free_port
-from infra.settings import SparkSettings, StackSettings
+from infra.settings import SparkSettings
 from infra.spark import build_spark_session
 from pipeline import job
 from pipeline.settings import PipelineSettings
@@ -109,14 +108,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="pipebench-") as tmp:
         root = Path(tmp)
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-        broker = None
-        if not bootstrap:
-            broker = KafkaBroker(root / "kafka", StackSettings().cache_dir, port=free_port(),
-                                 controller_port=free_port(), heap="1g")  # fmt: skip
-            broker.start()
-            bootstrap = broker.bootstrap_servers
-        try:
+        with bench_broker(root / "kafka") as bootstrap:
             topic = f"bench.{uuid.uuid4().hex[:8]}"
             lake = str(root / "lake")
             fill_s = fill_topic(bootstrap, topic, lake, args.events, args.devices)
@@ -142,9 +134,6 @@ def main() -> int:
             started = time.perf_counter()
             windows = textbook(spark, bootstrap, topic, root / "textbook", settings)
             textbook_s = time.perf_counter() - started
-        finally:
-            if broker:
-                broker.stop()
     result = {
         "events": args.events,
         "devices": args.devices,

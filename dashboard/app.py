@@ -10,8 +10,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboard import ui
+from dashboard import login, ui
 from infra.errors import ConfigError
+from infra.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,9 @@ PAGES = (
 
 
 def main() -> None:
+    if not logging.getLogger().handlers:
+        # Under ``streamlit run`` nothing has set logging up: sign-ins go to the server's log.
+        configure_logging()
     st.set_page_config(
         page_title="IoT fraud detection", page_icon=":material/shield:", layout="wide"
     )
@@ -37,11 +41,15 @@ def main() -> None:
         st.text(str(exc))
         st.stop()
         return
+    # With sign-in on, no page content and no data is sent before an analyst has signed in.
+    analyst = login.require_sign_in(settings, [Path(name).stem for name, _, _ in PAGES])
     pages = [st.Page(VIEWS / name, title=title, icon=icon) for name, title, icon in PAGES]
     page = st.navigation(pages)
     st.sidebar.caption("IoT fraud detection")
     ui.range_picker(settings)
     st.sidebar.caption(f"Lake: `{settings.lake_root}`")
+    if analyst is not None:
+        login.sign_out_button(analyst)
     page.run()
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from dashboard import auth
 from infra.mlflow_store import local_tracking_uri
 from infra.settings import CommonSettings, StackSettings
 
@@ -43,7 +45,15 @@ class DashboardSettings(CommonSettings):
         default="carto",
         description="Map basemap: 'carto' (no API key, needs internet) or 'none' (offline)",
     )
-    analyst: str = Field(default="", description="Default analyst name on the feedback form")
+    analyst: str = Field(
+        default="",
+        description="Default analyst name on the feedback form (with sign-in, the signed-in name)",
+    )
+    auth_file: Path | None = Field(
+        default=None,
+        description="File of analysts' name:hash lines (iotfraud dashboard hash-password NAME); "
+        "set, every page asks for a sign-in first; empty = no sign-in",
+    )
     state_dir: Path = Field(
         default_factory=lambda: StackSettings().state_dir,
         validation_alias="IOT_STACK_STATE_DIR",
@@ -55,6 +65,19 @@ class DashboardSettings(CommonSettings):
     def _known_style(cls, value: str) -> str:
         if value not in MAP_STYLES:
             raise ValueError(f"map_style must be one of {', '.join(MAP_STYLES)}, got {value!r}")
+        return value
+
+    @field_validator("auth_file", mode="before")
+    @classmethod
+    def _empty_is_off(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @field_validator("auth_file")
+    @classmethod
+    def _valid_user_file(cls, value: Path | None) -> Path | None:
+        # Read now, so that a missing or malformed file stops the dashboard at start.
+        if value is not None:
+            auth.read_users(value)
         return value
 
     def tracking_uri(self) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 import polars as pl
 import streamlit as st
 
-from dashboard import data, ui
+from dashboard import data, login, ui
 from infra import contract as c
 from infra import lake
 
@@ -127,7 +127,13 @@ with st.form("feedback", clear_on_submit=True):
         "Verdict", c.VERDICTS, format_func=VERDICT_LABELS.__getitem__, horizontal=True
     )
     note = st.text_area("Note", max_chars=2000)
-    analyst = st.text_input("Analyst", value=settings.analyst)
+    signed_in = login.signed_in_analyst()
+    if signed_in is None:
+        analyst = st.text_input("Analyst", value=settings.analyst)
+    else:
+        # Verdicts are recorded under the signed-in name: shown, not editable.
+        st.text_input("Analyst", value=signed_in, disabled=True)
+        analyst = signed_in
     submitted = st.form_submit_button("Save verdict", type="primary")
 if submitted and verdict:
     data.write_feedback(root, alert["alert_id"], verdict, note=note, analyst=analyst)

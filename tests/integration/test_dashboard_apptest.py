@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboard import data
+from dashboard import auth, data, login
 from infra import lake
 from tests.dashboard_fixtures import (
     MARKUP_REASON,
@@ -42,6 +42,7 @@ def app_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pytest.
     monkeypatch.setenv("IOT_STACK_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
     monkeypatch.setenv("IOT_DASH_LOOKBACK_HOURS", "24")
+    monkeypatch.delenv("IOT_DASH_AUTH_FILE", raising=False)
     yield monkeypatch
 
 
@@ -231,3 +232,110 @@ def test_every_page_has_an_empty_state_on_an_empty_lake(
     assert not at.error
     assert at.info or at.warning or page == "alerts"
     assert not (tmp_path / "empty-lake").exists(), "reading must not create the lake"
+
+
+# --- sign-in (IOT_DASH_AUTH_FILE) -------------------------------------------------------------
+
+PASSWORD = "correct horse battery"
+# What the sign-in page may contain: layout, its title and caption, the form, an error.
+SIGN_IN_ELEMENTS = {"SpecialBlock", "Block", "Column", "Title", "Caption", "TextInput", "Button"}
+
+
+def user_file(folder: Path, *names: str) -> Path:
+    path = folder / "dashboard-users"
+    hashes = (auth.hash_password(PASSWORD, n=2**10, p=1) for _ in names)
+    path.write_text("".join(f"{name}:{h}\n" for name, h in zip(names, hashes, strict=True)))
+    return path
+
+
+def assert_sign_in_form_only(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    kinds = {type(element).__name__ for element in at.main} | {
+        type(element).__name__ for element in at.sidebar
+    }
+    assert kinds - {"Error"} <= SIGN_IN_ELEMENTS, kinds - SIGN_IN_ELEMENTS
+    assert [t.label for t in at.text_input] == ["User name", "Password"]
+    assert [b.label for b in at.button] == ["Sign in"]
+    assert [t.value for t in at.title] == ["IoT fraud detection"]
+
+
+def sign_in(at: AppTest, name: str, password: str) -> AppTest:
+    at.text_input[0].input(name)
+    at.text_input[1].input(password)
+    return at.button[0].click().run()
+
+
+def test_with_sign_in_on_nothing_renders_until_an_analyst_signs_in(
+    app_env: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = str(tmp_path / "lake")
+    fixture = build_lake(root)
+    app_env.setenv("IOT_LAKE_ROOT", root)
+    app_env.setenv("IOT_DASH_AUTH_FILE", str(user_file(tmp_path, "ana", "kim")))
+    caplog.set_level("INFO", logger="dashboard")
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert_sign_in_form_only(at)
+
+    for name, password in (("ana", "wrong password"), ("mallory", PASSWORD), ("", "")):
+        sign_in(at, name, password)
+        assert_sign_in_form_only(at)
+        # The same message whichever part was wrong.
+        assert [e.value for e in at.error] == [login.FAILED]
+
+    sign_in(at, "ana", PASSWORD)
+    assert not at.exception
+    assert [t.value for t in at.title] == ["Overview"]
+    assert metrics(at)["Open alerts"] == str(fixture.open_alerts)
+    assert any(t.value == "Signed in as ana" for t in at.sidebar.text)
+    at.switch_page("views/alerts.py").run()
+    assert len(at.dataframe[0].value) == len(fixture.alerts)
+
+    # The verdict is recorded under the signed-in name, which the form shows and does not let
+    # anyone change.
+    at.selectbox(key="alert_id").select("alert-003").run()
+    analyst = next(t for t in at.text_input if t.label == "Analyst")
+    assert (analyst.value, analyst.disabled) == ("ana", True)
+    at.radio[0].set_value("true_positive")
+    next(b for b in at.button if b.label == "Save verdict").click().run()
+    saved = data.read_table(root, lake.ALERT_FEEDBACK).filter(pl.col("alert_id") == "alert-003")
+    assert saved["analyst"].to_list() == ["ana"]
+
+    at.switch_page("views/overview.py").run()
+    assert metrics(at)["Open alerts"] == str(fixture.open_alerts - 1)
+
+    next(b for b in at.sidebar.button if b.label == "Sign out").click().run()
+    assert_sign_in_form_only(at)
+    assert not at.error
+
+    messages = caplog.text
+    assert "failed sign-in for user name 'mallory'" in messages
+    assert "analyst ana signed in" in messages
+    assert "analyst ana signed out" in messages
+    assert PASSWORD not in messages and "wrong password" not in messages
+
+
+def test_an_analyst_removed_from_the_user_file_is_signed_out(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake, tmp_path: Path
+) -> None:
+    users = user_file(tmp_path, "ana", "kim")
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    app_env.setenv("IOT_DASH_AUTH_FILE", str(users))
+    at = sign_in(AppTest.from_file(APP, default_timeout=TIMEOUT).run(), "kim", PASSWORD)
+    assert metrics(at)["Open alerts"] == str(fixture_lake.open_alerts)
+
+    user_file(tmp_path, "ana")
+    at.run()
+    assert_sign_in_form_only(at)
+
+
+def test_a_bad_user_file_shows_no_data(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake, tmp_path: Path
+) -> None:
+    (tmp_path / "users").write_text("ana:not-a-hash\n")
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    app_env.setenv("IOT_DASH_AUTH_FILE", str(tmp_path / "users"))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert [e.value for e in at.error] == ["The dashboard's configuration is invalid."]
+    assert "IOT_DASH_AUTH_FILE" in at.text[0].value
+    assert not at.text_input and not at.metric and not at.dataframe

@@ -1,8 +1,9 @@
 """The real dashboard server in a real headless Chromium: every page renders without an error box.
 
 Starts ``python -m dashboard`` on a free port against a fixture lake and a fixture MLflow store,
-walks through every page with the sidebar navigation, and saves a screenshot of each under
-``artifacts/screenshots/`` (kept by CI). Chromium is Debian's (``scripts/system-deps.sh``).
+with sign-in on (``IOT_DASH_AUTH_FILE``): signs in through the form, walks through every page with
+the sidebar navigation, signs out, and saves a screenshot of the sign-in page and of each page
+under ``artifacts/screenshots/`` (kept by CI). Chromium is Debian's (``scripts/system-deps.sh``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from dashboard import auth, login
 from infra.ports import free_port
 from tests.dashboard_fixtures import MARKUP_REASON, FixtureLake, build_lake, champion_store
 
@@ -32,6 +34,7 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 REFRESH_S = 2
+USER, PASSWORD = "ana", "correct horse battery"
 # (navigation label, title on the page, texts the page must show)
 PAGES = (
     ("Overview", "Overview", ("Open alerts", "Devices reporting", "Alerts by severity")),
@@ -53,6 +56,8 @@ def server(fixture_lake: FixtureLake, tmp_path_factory: pytest.TempPathFactory) 
     """``python -m dashboard`` on a free port; yields its URL."""
     state = tmp_path_factory.mktemp("state")
     uri, _ = champion_store(state / "mlflow")
+    users = state / "dashboard-users"
+    users.write_text(f"{USER}:{auth.hash_password(PASSWORD)}\n")
     port = free_port()
     env = dict(os.environ)
     env.update(
@@ -63,6 +68,7 @@ def server(fixture_lake: FixtureLake, tmp_path_factory: pytest.TempPathFactory) 
             "IOT_DASH_REFRESH_SECONDS": str(REFRESH_S),
             # The test machine has no internet: no basemap tiles to wait for.
             "IOT_DASH_MAP_STYLE": "none",
+            "IOT_DASH_AUTH_FILE": str(users),
         }
     )
     log = (state / "dashboard.log").open("wb")
@@ -124,6 +130,36 @@ def test_every_page_renders_without_errors(server: str) -> None:
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 1800})
             page.goto(server, wait_until="domcontentloaded")
+            nav = page.locator('[data-testid="stSidebarNav"]')
+
+            def sign_in(password: str) -> None:
+                page.get_by_label("User name").fill(USER)
+                page.get_by_label("Password", exact=True).fill(password)
+                page.get_by_role("button", name="Sign in").click()
+
+            # Signed out, the server sends the sign-in form and nothing else: no navigation,
+            # no data.
+            page.get_by_role("button", name="Sign in").wait_for(timeout=30_000)
+            settle(page)
+            assert nav.count() == 0
+            assert (
+                page.locator('[data-testid="stMetric"], [data-testid="stDataFrame"]').count() == 0
+            )
+            page.screenshot(path=str(SCREENSHOTS / "00-sign-in.png"), full_page=True)
+            # A page's own address (a bookmark) gets the same form, then that page.
+            page.goto(f"{server}/alerts", wait_until="domcontentloaded")
+            page.get_by_role("button", name="Sign in").wait_for(timeout=30_000)
+            settle(page)
+            assert nav.count() == 0
+            assert page.get_by_role("heading", name="Alerts").count() == 0
+            sign_in("wrong password")
+            page.get_by_text(login.FAILED, exact=True).wait_for(timeout=30_000)
+            assert nav.count() == 0
+            sign_in(PASSWORD)
+            page.get_by_role("heading", name="Alerts", exact=True).wait_for(timeout=30_000)
+            nav.wait_for()
+            page.get_by_text(f"Signed in as {USER}", exact=True).wait_for()
+
             for number, (label, title, texts) in enumerate(PAGES, start=1):
                 page.locator('[data-testid="stSidebarNav"]').get_by_text(label, exact=True).click()
                 page.get_by_role("heading", name=title, exact=True).wait_for(timeout=30_000)
@@ -162,5 +198,9 @@ def test_every_page_renders_without_errors(server: str) -> None:
                 timeout=(REFRESH_S + 10) * 1000,
             )
             assert_no_error(page, "Overview after refresh")
+
+            page.get_by_role("button", name="Sign out").click()
+            page.get_by_role("button", name="Sign in").wait_for(timeout=30_000)
+            assert nav.count() == 0
         finally:
             browser.close()

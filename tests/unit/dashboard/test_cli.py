@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import sys
+from pathlib import Path
 
 import pytest
 
-from dashboard import cli
+from dashboard import auth, cli
 from dashboard.settings import DashboardSettings
 from infra.errors import ConfigError
 from infra.settings import load_settings
@@ -85,3 +87,132 @@ def test_main_reports_bad_configuration(
     monkeypatch.setenv("IOT_DASH_REFRESH_SECONDS", "0")
     assert cli.main([]) == 2
     assert "IOT_DASH_REFRESH_SECONDS" in capsys.readouterr().err
+
+
+@pytest.fixture
+def user_file(tmp_path: Path) -> Path:
+    path = tmp_path / "dashboard-users"
+    path.write_text(f"ana:{auth.hash_password('password-a', n=2**10, p=1)}\n")
+    return path
+
+
+def test_sign_in_is_off_by_default_and_on_with_a_user_file(
+    monkeypatch: pytest.MonkeyPatch, user_file: Path
+) -> None:
+    monkeypatch.delenv("IOT_DASH_AUTH_FILE", raising=False)
+    assert load_settings(DashboardSettings).auth_file is None
+    monkeypatch.setenv("IOT_DASH_AUTH_FILE", "")
+    assert load_settings(DashboardSettings).auth_file is None
+    monkeypatch.setenv("IOT_DASH_AUTH_FILE", str(user_file))
+    settings = load_settings(DashboardSettings)
+    assert settings.auth_file == user_file
+    # The server process gets the same file.
+    monkeypatch.setattr("os.environ", cli.server_env(settings))
+    assert load_settings(DashboardSettings) == settings
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "cannot read the user file"), ("", "lists no user"), ("ana:x\n", "line 1")],
+)
+def test_a_bad_user_file_stops_the_dashboard_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    content: str | None,
+    message: str,
+) -> None:
+    path = tmp_path / "users"
+    if content is not None:
+        path.write_text(content)
+    monkeypatch.setenv("IOT_DASH_AUTH_FILE", str(path))
+    monkeypatch.setattr("subprocess.call", lambda *a, **k: pytest.fail("server started"))
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert "IOT_DASH_AUTH_FILE" in err
+    assert message in err
+
+
+@pytest.mark.parametrize(
+    ("address", "signed_in", "warned"),
+    [
+        ("127.0.0.1", False, False),
+        ("localhost", False, False),
+        ("::1", False, False),
+        ("0.0.0.0", False, True),
+        ("dashboard.internal", False, True),
+        ("0.0.0.0", True, False),
+    ],
+)
+def test_listening_beyond_loopback_without_sign_in_is_warned_about(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    user_file: Path,
+    address: str,
+    signed_in: bool,
+    warned: bool,
+) -> None:
+    monkeypatch.setenv("IOT_DASH_AUTH_FILE", str(user_file) if signed_in else "")
+    monkeypatch.setattr("subprocess.call", lambda *a, **k: 0)
+    monkeypatch.setattr(cli, "configure_logging", lambda verbose: None)
+    with caplog.at_level("INFO", logger="dashboard.cli"):
+        assert cli.main(["--address", address]) == 0
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert bool(warnings) == warned
+    if warned:
+        assert "IOT_DASH_AUTH_FILE" in warnings[0].getMessage()
+
+
+def test_hash_password_reads_stdin_and_prints_a_user_file_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.hash_password_main(["ana"], stdin=io.StringIO("correct horse battery\n")) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    assert "correct horse" not in out
+    users = auth.parse_users(out)
+    assert auth.authenticate(users, "ana", "correct horse battery")
+    assert not auth.authenticate(users, "ana", "correct horse battery\n")
+
+
+def test_hash_password_asks_twice_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    answers = iter(["first password", "other password"])
+    monkeypatch.setattr("getpass.getpass", lambda prompt: next(answers))
+    assert cli.hash_password_main(["ana"], stdin=Terminal()) == 2
+    assert "differ" in capsys.readouterr().err
+    answers = iter(["same password", "same password"])
+    assert cli.hash_password_main(["ana"], stdin=Terminal()) == 0
+    users = auth.parse_users(capsys.readouterr().out)
+    assert auth.authenticate(users, "ana", "same password")
+
+
+@pytest.mark.parametrize(
+    ("argv", "stdin", "message"),
+    [
+        (["ana"], "short\n", "at least 8 characters"),
+        (["ana"], "", "at least 8 characters"),
+        (["ana smith"], "correct horse\n", "user name"),
+        (["ana:admin"], "correct horse\n", "user name"),
+    ],
+)
+def test_hash_password_refuses_bad_input(
+    capsys: pytest.CaptureFixture[str], argv: list[str], stdin: str, message: str
+) -> None:
+    assert cli.hash_password_main(argv, stdin=io.StringIO(stdin)) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert message in captured.err
+
+
+def test_hash_password_is_a_dashboard_subcommand(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("correct horse\n"))
+    assert cli.main(["hash-password", "kim"]) == 0
+    assert capsys.readouterr().out.startswith("kim:scrypt$")

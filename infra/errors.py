@@ -25,3 +25,7 @@ class BrokerStartError(SetupError):
 
 class ConfigError(SetupError):
     """A setting has a value that cannot work."""
+
+
+class KafkaAccessError(ConfigError):
+    """Kafka refused the client: wrong credentials, or a TLS certificate it cannot verify."""

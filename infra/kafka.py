@@ -3,6 +3,12 @@
 The broker keeps everything in one folder: ``server.properties``, ``data/``, ``broker.log`` and
 ``broker.pid``. ``stop`` only ever signals the process whose pid it recorded, after checking that
 it is still our broker.
+
+With a ``secure_port`` the broker also listens with SASL_SSL there: SCRAM-SHA-512 and
+SCRAM-SHA-256 logins over TLS (certificate from ``infra.kafka_tls``, in ``tls/``). The SCRAM user
+is created, or its password updated, through the plaintext listener at every start, so no
+password is ever written to a file or a command line. The plaintext listener stays for local tools
+and for the broker itself.
 """
 
 from __future__ import annotations
@@ -14,12 +20,14 @@ import signal
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.errors import BrokerStartError
+from infra.errors import BrokerStartError, ConfigError, KafkaAccessError
 from infra.jars import KAFKA_BUNDLE, resolve
 from infra.java import check_java
+from infra.kafka_client import connect
+from infra.kafka_tls import TlsFiles, ensure_tls
 from infra.ports import require_free
 
 log = logging.getLogger(__name__)
@@ -42,17 +50,66 @@ LOG4J2_CONFIG = """\
 """
 
 
-def server_properties(host: str, port: int, controller_port: int, data_dir: Path) -> str:
-    """Minimal single-node KRaft configuration (static quorum)."""
+SCRAM_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
+SCRAM_ITERATIONS = 8192
+_SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+
+
+@dataclass(frozen=True)
+class SaslUser:
+    """The SCRAM user the secured listener accepts."""
+
+    username: str
+    password: str = field(repr=False)
+
+
+def secure_listener_properties(tls: TlsFiles) -> str:
+    """The SASL_SSL listener: SCRAM logins over TLS, no client certificates."""
+    lines = [
+        "listener.name.sasl_ssl.sasl.enabled.mechanisms=" + ",".join(SCRAM_MECHANISMS),
+        *(
+            f"listener.name.sasl_ssl.{m.lower()}.sasl.jaas.config={_SCRAM_LOGIN}"
+            for m in SCRAM_MECHANISMS
+        ),
+        "listener.name.sasl_ssl.ssl.keystore.type=PKCS12",
+        f"listener.name.sasl_ssl.ssl.keystore.location={tls.keystore.resolve()}",
+        f"listener.name.sasl_ssl.ssl.keystore.password={tls.keystore_password()}",
+        "listener.name.sasl_ssl.ssl.client.auth=none",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def server_properties(
+    host: str,
+    port: int,
+    controller_port: int,
+    data_dir: Path,
+    *,
+    secure_port: int | None = None,
+    tls: TlsFiles | None = None,
+) -> str:
+    """Minimal single-node KRaft configuration (static quorum), with a SASL_SSL listener on
+    ``secure_port`` when given."""
+    listeners = f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}"
+    advertised = f"PLAINTEXT://{host}:{port}"
+    protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+    secure = ""
+    if secure_port is not None:
+        if tls is None:
+            raise ValueError("a secure_port needs the TLS files")
+        listeners += f",SASL_SSL://{host}:{secure_port}"
+        advertised += f",SASL_SSL://{host}:{secure_port}"
+        protocols += ",SASL_SSL:SASL_SSL"
+        secure = secure_listener_properties(tls)
     return f"""\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@{host}:{controller_port}
-listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
-advertised.listeners=PLAINTEXT://{host}:{port}
+listeners={listeners}
+advertised.listeners={advertised}
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map={protocols}
 log.dirs={data_dir}
 num.partitions=4
 offsets.topic.replication.factor=1
@@ -64,7 +121,7 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 message.max.bytes=2097152
-"""
+{secure}"""
 
 
 @dataclass
@@ -77,10 +134,34 @@ class KafkaBroker:
     port: int = 9092
     controller_port: int = 9093
     heap: str = "512m"
+    secure_port: int | None = None
+    sasl_user: SaslUser | None = None
 
     @property
     def bootstrap_servers(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def secure_bootstrap_servers(self) -> str | None:
+        """The SASL_SSL endpoint, when the broker has one."""
+        return None if self.secure_port is None else f"{self.host}:{self.secure_port}"
+
+    @property
+    def tls(self) -> TlsFiles:
+        return TlsFiles(self.home / "tls")
+
+    def secure_client_options(self) -> dict[str, str]:
+        """librdkafka options that log in as ``sasl_user`` on the SASL_SSL listener."""
+        if self.secure_bootstrap_servers is None or self.sasl_user is None:
+            raise ConfigError("this broker has no SASL_SSL listener and user")
+        return {
+            "bootstrap.servers": self.secure_bootstrap_servers,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": SCRAM_MECHANISMS[0],
+            "sasl.username": self.sasl_user.username,
+            "sasl.password": self.sasl_user.password,
+            "ssl.ca.location": str(self.tls.ca_pem.resolve()),
+        }
 
     @property
     def pid_file(self) -> Path:
@@ -115,21 +196,31 @@ class KafkaBroker:
             PortInUseError: a port is taken by another process.
             BrokerStartError: the broker exited or did not answer in time (with its log tail).
         """
+        if self.secure_port is not None and self.sasl_user is None:
+            raise ConfigError("a broker with a SASL_SSL listener needs its SCRAM user")
         if self.is_running():
             log.info("broker already running at %s", self.bootstrap_servers)
             wait_until_ready(self.bootstrap_servers, timeout_s, self)
+            self._ready_secured(timeout_s)
             return
         java = check_java()
         require_free(self.host, self.port, "Kafka broker")
         require_free(self.host, self.controller_port, "Kafka controller")
+        if self.secure_port is not None:
+            require_free(self.host, self.secure_port, "Kafka SASL_SSL listener")
         classpath = os.pathsep.join(str(p) for p in resolve(KAFKA_BUNDLE, self.cache_dir))
 
         data_dir = self.home / "data"
         self.home.mkdir(parents=True, exist_ok=True)
         data_dir.mkdir(exist_ok=True)
+        tls = ensure_tls(self.tls.folder, java, self.host) if self.secure_port else None
+        # The file holds the keystore password when secured: readable by the owner only.
+        self.config_file.touch(mode=0o600)
+        self.config_file.chmod(0o600)
         self.config_file.write_text(
-            server_properties(self.host, self.port, self.controller_port, data_dir.resolve())
-        )
+            server_properties(self.host, self.port, self.controller_port, data_dir.resolve(),
+                              secure_port=self.secure_port, tls=tls)
+        )  # fmt: skip
         log4j = self.home / "log4j2.xml"
         log4j.write_text(LOG4J2_CONFIG)
         jvm_opts = [f"-Dlog4j2.configurationFile={log4j.resolve()}"]
@@ -155,6 +246,33 @@ class KafkaBroker:
         self.pid_file.write_text(str(proc.pid))
         log.info("started Kafka broker pid %d at %s", proc.pid, self.bootstrap_servers)
         wait_until_ready(self.bootstrap_servers, timeout_s, self, proc)
+        self._ready_secured(timeout_s)
+
+    def _ready_secured(self, timeout_s: float) -> None:
+        """Create or update the SCRAM user, then wait until it can log in on SASL_SSL."""
+        if self.secure_port is None or self.sasl_user is None:
+            return
+        if f"SASL_SSL://{self.host}:{self.secure_port}" not in self.config_file.read_text():
+            raise BrokerStartError(
+                f"The broker at {self.bootstrap_servers} runs without the SASL_SSL listener on "
+                f"port {self.secure_port}. Stop it ('iotfraud stack down') and start it again."
+            )
+        upsert_scram_user(self.bootstrap_servers, self.sasl_user, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                connect(self.secure_client_options(), max(1.0, deadline - time.monotonic()))
+            except KafkaAccessError:
+                # A credential just written can take a moment to reach the listener.
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+                continue
+            except ConfigError as exc:
+                tail = self.log_tail()
+                raise BrokerStartError(f"{exc}\nLast lines of its log:\n{tail}") from None
+            log.info("SASL_SSL listener ready at %s", self.secure_bootstrap_servers)
+            return
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop our broker (SIGTERM, then SIGKILL). Returns whether one was running."""
@@ -223,6 +341,34 @@ def wait_until_ready(
                 f"Last lines of its log:\n{tail}"
             )
         time.sleep(0.3)
+
+
+def upsert_scram_user(bootstrap: str, user: SaslUser, timeout_s: float = 30.0) -> None:
+    """Create the SCRAM user (every mechanism the listener offers) or set its password."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    # The broker refuses two changes to one user in a request: one request per mechanism.
+    for mechanism in (ScramMechanism.SCRAM_SHA_512, ScramMechanism.SCRAM_SHA_256):
+        upsert = UserScramCredentialUpsertion(
+            user.username,
+            ScramCredentialInfo(mechanism, SCRAM_ITERATIONS),
+            user.password.encode(),
+        )
+        try:
+            for future in admin.alter_user_scram_credentials([upsert]).values():
+                future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            raise BrokerStartError(
+                f"Creating the SCRAM user {user.username!r} on {bootstrap} failed: {exc}"
+            ) from None
+    log.info("SCRAM user %s ready (%s)", user.username, ", ".join(SCRAM_MECHANISMS))
 
 
 def _alive(pid: int) -> bool:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.errors import ConfigError
@@ -21,7 +21,10 @@ def default_cache_dir() -> Path:
 class CommonSettings(BaseSettings):
     """Settings every component shares, under the ecosystem's own variable names."""
 
-    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+    # Inputs can hold passwords: a validation error must not echo them.
+    model_config = SettingsConfigDict(
+        extra="ignore", populate_by_name=True, hide_input_in_errors=True
+    )
 
     lake_root: str = Field(
         default=".iotfraud/lake",
@@ -47,6 +50,81 @@ class CommonSettings(BaseSettings):
         validation_alias="MLFLOW_TRACKING_URI",
         description="MLflow tracking and registry URI; empty means the local SQLite store",
     )
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT",
+        validation_alias="IOT_KAFKA_SECURITY_PROTOCOL",
+        description="PLAINTEXT, or SASL_SSL: log in with the IOT_KAFKA_SASL_* user over TLS "
+        "(simulator and pipeline)",
+    )
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = Field(
+        default="SCRAM-SHA-512",
+        validation_alias="IOT_KAFKA_SASL_MECHANISM",
+        description="SASL mechanism with SASL_SSL: SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN",
+    )
+    kafka_sasl_username: str = Field(
+        default="",
+        validation_alias="IOT_KAFKA_SASL_USERNAME",
+        description="SASL user; the local broker creates it when IOT_STACK_KAFKA_SECURITY=sasl_ssl",
+    )
+    kafka_sasl_password: SecretStr | None = Field(
+        default=None,
+        validation_alias="IOT_KAFKA_SASL_PASSWORD",
+        description="SASL password (never logged); prefer IOT_KAFKA_SASL_PASSWORD_FILE",
+    )
+    kafka_sasl_password_file: Path | None = Field(
+        default=None,
+        validation_alias="IOT_KAFKA_SASL_PASSWORD_FILE",
+        description="File holding the SASL password (a mounted secret), read at start",
+    )
+    kafka_ssl_ca_location: str = Field(
+        default="",
+        validation_alias="IOT_KAFKA_SSL_CA_LOCATION",
+        description="PEM file of the CA that signed the broker certificate; empty = the system's "
+        "trusted CAs (the local broker's is <state dir>/kafka/tls/ca.pem)",
+    )
+
+    @field_validator("kafka_security_protocol", "kafka_sasl_mechanism", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("kafka_sasl_password", "kafka_sasl_password_file", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _credentials(self) -> CommonSettings:
+        if self.kafka_sasl_password_file is not None:
+            if self.kafka_sasl_password:
+                raise ValueError(
+                    "set IOT_KAFKA_SASL_PASSWORD or IOT_KAFKA_SASL_PASSWORD_FILE, not both"
+                )
+            secret = read_secret_file(self.kafka_sasl_password_file, "IOT_KAFKA_SASL_PASSWORD_FILE")
+            self.kafka_sasl_password = SecretStr(secret)
+        if self.kafka_security_protocol == "SASL_SSL" and not (
+            self.kafka_sasl_username and self.kafka_sasl_password
+        ):
+            raise ValueError(
+                "IOT_KAFKA_SECURITY_PROTOCOL=SASL_SSL needs IOT_KAFKA_SASL_USERNAME and "
+                "IOT_KAFKA_SASL_PASSWORD_FILE (or IOT_KAFKA_SASL_PASSWORD)"
+            )
+        return self
+
+
+def read_secret_file(path: Path, variable: str) -> str:
+    """The secret in ``path`` without its trailing newline (files written by ``echo`` have one).
+
+    Raises:
+        ValueError: the file cannot be read or is empty; the message names ``variable``.
+    """
+    try:
+        secret = path.read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise ValueError(f"{variable}: cannot read {path}: {exc.strerror}") from None
+    if not secret:
+        raise ValueError(f"{variable}: {path} is empty")
+    return secret
 
 
 class StackSettings(BaseSettings):
@@ -67,6 +145,14 @@ class StackSettings(BaseSettings):
         default=9093, ge=1, le=65535, description="Local broker KRaft controller port"
     )
     kafka_heap: str = Field(default="512m", description="Java heap of the local broker")
+    kafka_security: Literal["none", "sasl_ssl"] = Field(
+        default="none",
+        description="sasl_ssl adds a SASL_SSL listener (SCRAM, TLS with a generated CA) for the "
+        "user IOT_KAFKA_SASL_USERNAME; the plaintext listener stays for local tools",
+    )
+    kafka_secure_port: int = Field(
+        default=9094, ge=1, le=65535, description="Local broker SASL_SSL port (kafka_security)"
+    )
     start_timeout_s: float = Field(
         default=60.0, gt=0, description="How long to wait for the broker"
     )
@@ -108,6 +194,13 @@ class SparkSettings(BaseSettings):
 
 S = TypeVar("S", bound=BaseSettings)
 
+# Settings whose values may carry credentials (client option maps included): never echoed.
+_SECRET_FIELD_MARKERS = ("password", "secret", "token", "options")
+
+
+def _may_hold_secrets(name: str) -> bool:
+    return any(marker in name for marker in _SECRET_FIELD_MARKERS)
+
 
 def load_settings(cls: type[S], **overrides: Any) -> S:
     """Build a settings object; a bad value raises ConfigError naming the variable to fix."""
@@ -124,7 +217,8 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
             field = cls.model_fields.get(name)
             alias = field.validation_alias if field is not None else None
             variable = alias if isinstance(alias, str) else f"{prefix}{name}".upper()
-            problems.append(f"  {variable}: {error['msg']} (got {error.get('input')!r})")
+            got = "" if _may_hold_secrets(name) else f" (got {error.get('input')!r})"
+            problems.append(f"  {variable}: {error['msg']}{got}")
         raise ConfigError(
             f"Invalid configuration in {cls.__name__}:\n" + "\n".join(problems)
         ) from None

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from infra.kafka_client import java_client_options
 from infra.settings import CommonSettings
 
 _DURATION = re.compile(r"^\d+ (second|minute|hour)s?$")
@@ -35,8 +36,9 @@ class PipelineSettings(CommonSettings):
     )
     kafka_options: dict[str, str] = Field(
         default_factory=dict,
+        repr=False,
         description='Extra Kafka source options as JSON, e.g. {"kafka.security.protocol": '
-        '"SASL_SSL"}; keys must start with "kafka."',
+        '"SASL_SSL"}; keys must start with "kafka."; they win over IOT_KAFKA_*',
     )
     checkpoint_root: str = Field(
         default=".iotfraud/checkpoints", description="One checkpoint folder per query under it"
@@ -98,6 +100,14 @@ class PipelineSettings(CommonSettings):
                 f"expected a duration like '10 minutes' or '30 seconds', got {value!r}"
             )
         return value.strip()
+
+    @model_validator(mode="after")
+    def _with_security_options(self) -> PipelineSettings:
+        # Merged here, so every Kafka reader of the job gets them (and the start-up topic check
+        # knows the connection is secured).
+        secured = {f"kafka.{k}": v for k, v in java_client_options(self).items()}
+        self.kafka_options = {**secured, **self.kafka_options}
+        return self
 
     @model_validator(mode="after")
     def _window_is_multiple_of_slide(self) -> PipelineSettings:

@@ -16,7 +16,7 @@ def kafka_source(
     Event Hubs)."""
     reader = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .options(**kafka_connection_options(settings))
         .option("subscribe", topic or settings.topic)
         .option("startingOffsets", settings.starting_offsets)
         # A topic recreated or truncated under a checkpoint must not stop the pipeline silently.
@@ -24,8 +24,6 @@ def kafka_source(
     )
     if settings.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
-    for key, value in settings.kafka_options.items():
-        reader = reader.option(key, value)
     return reader.load().select(
         F.col("key").cast("string").alias("key"),
         "value",
@@ -34,6 +32,12 @@ def kafka_source(
         "offset",
         "timestamp",
     )
+
+
+def kafka_connection_options(settings: PipelineSettings) -> dict[str, str]:
+    """``kafka.bootstrap.servers`` and every ``kafka.*`` option: SASL_SSL from ``IOT_KAFKA_*``,
+    anything else from ``IOT_PIPELINE_KAFKA_OPTIONS``. Holds the password: never log it."""
+    return {"kafka.bootstrap.servers": settings.bootstrap_servers, **settings.kafka_options}
 
 
 def files_source(spark: SparkSession, settings: PipelineSettings) -> DataFrame:

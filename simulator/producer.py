@@ -23,9 +23,10 @@ from itertools import repeat
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from infra.errors import ConfigError
+from infra.kafka_client import connect, librdkafka_options
 from simulator.scenarios import GroundTruthRow, write_ground_truth
 from simulator.settings import SimulatorSettings, redact
 from simulator.telemetry import Batch, Simulation
@@ -48,23 +49,32 @@ PREFETCH_BATCHES = 2
 
 
 def producer_config(settings: SimulatorSettings) -> dict[str, Any]:
-    """Defaults, then the user's librdkafka options (which win), then the bootstrap servers."""
+    """Defaults, the ``IOT_KAFKA_*`` security options, then the user's librdkafka options (which
+    win), then the bootstrap servers. Holds the password: never log it."""
     conf: dict[str, Any] = dict(PRODUCER_DEFAULTS)
+    conf.update(librdkafka_options(settings))
     conf.update(settings.kafka_options)
     conf["bootstrap.servers"] = settings.bootstrap_servers
     return conf
 
 
 def admin_config(settings: SimulatorSettings) -> dict[str, Any]:
-    return {**settings.kafka_options, "bootstrap.servers": settings.bootstrap_servers}
+    return {
+        **librdkafka_options(settings),
+        **settings.kafka_options,
+        "bootstrap.servers": settings.bootstrap_servers,
+    }
 
 
 def ensure_topic(
     conf: dict[str, Any], topic: str, partitions: int, replication: int = 1, timeout_s: float = 30
 ) -> bool:
-    """Create ``topic`` with ``partitions`` if absent; True when this call created it."""
-    admin = AdminClient(conf)
-    metadata = admin.list_topics(timeout=timeout_s)
+    """Create ``topic`` with ``partitions`` if absent; True when this call created it.
+
+    Raises:
+        KafkaAccessError: the broker refused the login or the TLS handshake.
+    """
+    admin, metadata = connect(conf, timeout_s)
     if topic in metadata.topics and metadata.topics[topic].error is None:
         return False
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions,
@@ -230,9 +240,11 @@ def run_simulation(
     stats = RunStats(sim_start=sim.now)
     conf = producer_config(settings)
     log.info(
-        "producing to %s on %s with %s",
+        "producing to %s on %s (%s%s) with %s",
         settings.topic,
         settings.bootstrap_servers,
+        settings.kafka_security_protocol,
+        f" as {settings.kafka_sasl_username}" if settings.kafka_sasl_username else "",
         redact({k: str(v) for k, v in settings.kafka_options.items()}),
     )
     sender = sender or Sender(conf, settings.topic, stats)
@@ -403,7 +415,9 @@ def check_producer_options(settings: SimulatorSettings) -> None:
     try:
         Producer(producer_config(settings))
     except KafkaException as exc:
-        raise ConfigError(f"IOT_SIM_KAFKA_OPTIONS: librdkafka rejected an option: {exc}") from None
+        raise ConfigError(
+            f"librdkafka rejected the client options (IOT_KAFKA_*, IOT_SIM_KAFKA_OPTIONS): {exc}"
+        ) from None
 
 
 def utc_now() -> datetime:

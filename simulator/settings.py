@@ -115,8 +115,9 @@ class SimulatorSettings(CommonSettings):
     )
     kafka_options: dict[str, str] = Field(
         default_factory=dict,
+        repr=False,
         description='librdkafka producer options as JSON, e.g. {"security.protocol": "SASL_SSL", '
-        '"sasl.mechanism": "PLAIN"}; secrets are never logged',
+        '"sasl.mechanism": "PLAIN"}; they win over IOT_KAFKA_*; secrets are never logged',
     )
     progress_interval_s: float = Field(
         default=1.0, gt=0, description="Seconds between progress lines on stderr"

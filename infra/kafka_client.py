@@ -1,0 +1,116 @@
+"""How clients connect to Kafka: the security options built from the ``IOT_KAFKA_*`` settings, for
+librdkafka (simulator, admin tools) and for the Java client (Spark's Kafka source), and a metadata
+probe that fails at once, with the broker's reason, when the login or the TLS handshake is refused.
+
+The options returned here carry the password: pass them to a client, never to a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from infra.errors import ConfigError, KafkaAccessError
+from infra.settings import CommonSettings
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, ClusterMetadata  # type: ignore[attr-defined]
+
+log = logging.getLogger(__name__)
+
+_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+def _password(settings: CommonSettings) -> str:
+    if not settings.kafka_sasl_password:
+        raise ConfigError("no SASL password: set IOT_KAFKA_SASL_PASSWORD_FILE")
+    return settings.kafka_sasl_password.get_secret_value()
+
+
+def librdkafka_options(settings: CommonSettings) -> dict[str, str]:
+    """``security.protocol``, ``sasl.*`` and ``ssl.ca.location``; empty for PLAINTEXT."""
+    if settings.kafka_security_protocol == "PLAINTEXT":
+        return {}
+    options = {
+        "security.protocol": settings.kafka_security_protocol,
+        "sasl.mechanism": settings.kafka_sasl_mechanism,
+        "sasl.username": settings.kafka_sasl_username,
+        "sasl.password": _password(settings),
+    }
+    if settings.kafka_ssl_ca_location:
+        options["ssl.ca.location"] = settings.kafka_ssl_ca_location
+    return options
+
+
+def java_client_options(settings: CommonSettings) -> dict[str, str]:
+    """The same for the Java Kafka client (Spark's Kafka source takes them prefixed ``kafka.``)."""
+    if settings.kafka_security_protocol == "PLAINTEXT":
+        return {}
+    mechanism, username = settings.kafka_sasl_mechanism, settings.kafka_sasl_username
+    options = {
+        "security.protocol": settings.kafka_security_protocol,
+        "sasl.mechanism": mechanism,
+        "sasl.jaas.config": jaas_config(mechanism, username, _password(settings)),
+    }
+    if settings.kafka_ssl_ca_location:
+        options["ssl.truststore.type"] = "PEM"
+        options["ssl.truststore.location"] = settings.kafka_ssl_ca_location
+    return options
+
+
+def jaas_config(mechanism: str, username: str, password: str) -> str:
+    """A ``sasl.jaas.config`` value; quotes and backslashes in the values are escaped."""
+
+    def quoted(value: str) -> str:
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    module = _LOGIN_MODULES[mechanism]
+    return f"{module} required username={quoted(username)} password={quoted(password)};"
+
+
+def connect(conf: dict[str, Any], timeout_s: float = 30.0) -> tuple[AdminClient, ClusterMetadata]:
+    """An admin client and the cluster metadata.
+
+    Raises:
+        KafkaAccessError: at the first refused login or TLS handshake, with librdkafka's reason.
+        ConfigError: no answer within ``timeout_s``.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    bootstrap = conf.get("bootstrap.servers", "")
+    refused: list[KafkaError] = []
+    last: list[KafkaError] = []
+
+    def on_error(error: KafkaError) -> None:
+        last[:] = [error]
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+            refused.append(error)
+
+    client_conf: dict[str, Any] = {"log_level": 0, **conf, "error_cb": on_error}
+    admin = AdminClient(client_conf)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return admin, admin.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+        except KafkaException as exc:
+            admin.poll(0)  # serves error_cb
+            if refused:
+                raise KafkaAccessError(
+                    f"Kafka at {bootstrap} refused the connection: {refused[0].str()}. Check "
+                    "IOT_KAFKA_SASL_USERNAME, the password (IOT_KAFKA_SASL_PASSWORD_FILE), "
+                    "IOT_KAFKA_SASL_MECHANISM and IOT_KAFKA_SSL_CA_LOCATION."
+                ) from None
+            if time.monotonic() >= deadline:
+                reason = last[0].str() if last else str(exc)
+                raise ConfigError(
+                    f"Kafka at {bootstrap} did not answer within {timeout_s:.0f}s ({reason}). "
+                    "Check KAFKA_BOOTSTRAP_SERVERS and IOT_KAFKA_SECURITY_PROTOCOL."
+                ) from None
+            log.debug("Kafka at %s not answering yet: %s", bootstrap, exc)

@@ -20,7 +20,7 @@ from infra import contract as c
 from infra import lake
 from pipeline import columns as col
 from pipeline.sinks import idempotent_append
-from pipeline.transforms import first_of_each_event, parse_events, quarantined, valid_events
+from pipeline.transforms import mark_first_copies, parse_events, quarantined, valid_events
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,7 @@ class IngestBatchWriter:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         telemetry_path = lake.table_path(self.lake_root, lake.TELEMETRY)
-        # Decide new vs duplicate once, before writing anything: materialised here, the decision
-        # cannot be recomputed against a telemetry table this batch has already changed.
-        marked = self.mark_new_events(batch, telemetry_path).localCheckpoint(eager=True)
+        marked = self.mark_new_events(batch, telemetry_path)
         new_events = valid_events(marked.where(F.col("is_new")))
         duplicates = marked.where(F.col("reason").isNull() & ~F.col("is_new")).withColumns(
             {"reason": F.lit(c.REASON_DUPLICATE), "detail": F.lit("event_id already ingested")}
@@ -56,35 +54,42 @@ class IngestBatchWriter:
 
     def mark_new_events(self, batch: DataFrame, telemetry_path: str) -> DataFrame:
         """``parse_events`` output plus ``is_new``: the first copy of an event_id not yet in
-        ``telemetry`` (within the dedup horizon)."""
-        parsed = parse_events(batch, max_clock_ahead=self.max_clock_ahead).localCheckpoint(
-            eager=True
+        ``telemetry`` (within the dedup horizon).
+
+        The decision is fixed before anything is written: the parsed batch is materialised and
+        the event ids already seen are collected, so the result cannot change when the appends
+        that follow change ``telemetry``.
+        """
+        spark = batch.sparkSession
+        parsed = mark_first_copies(
+            parse_events(batch, max_clock_ahead=self.max_clock_ahead)
+        ).localCheckpoint(eager=True)
+        firsts = parsed.where(F.col("is_first")).select(
+            "event_id",
+            F.col(col.TOPIC).alias("kafka_topic"),
+            F.col(col.PARTITION).alias("kafka_partition"),
+            F.col(col.OFFSET).alias("kafka_offset"),
         )
-        valid = valid_events(parsed)
         horizon_start = F.current_timestamp() - F.expr(f"INTERVAL {self.dedup_horizon}")
         # Rows carrying this batch's own Kafka coordinates were written by an earlier attempt
         # of this batch (killed before its checkpoint commit): they do not count as seen.
-        this_batch = valid.select("event_id", *_COORDS)
-        seen = (
-            parsed.sparkSession.read.format("delta")
+        seen = [
+            row.event_id
+            for row in spark.read.format("delta")
             .load(telemetry_path)
             .where(F.col("event_time") >= horizon_start)
             .select("event_id", *_COORDS)
-            .join(F.broadcast(this_batch.select("event_id")), "event_id", "left_semi")
-            .join(F.broadcast(this_batch), ["event_id", *_COORDS], "left_anti")
+            .join(F.broadcast(firsts.select("event_id")), "event_id", "left_semi")
+            .join(F.broadcast(firsts), ["event_id", *_COORDS], "left_anti")
             .select("event_id")
             .distinct()
-        )
-        new = (
-            first_of_each_event(valid)
-            .join(F.broadcast(seen), "event_id", "left_anti")
-            .select(
-                F.col("kafka_topic").alias(col.TOPIC),
-                F.col("kafka_partition").alias(col.PARTITION),
-                F.col("kafka_offset").alias(col.OFFSET),
-                F.lit(True).alias("is_new"),
+            .collect()
+        ]
+        seen_df = spark.createDataFrame([(e, True) for e in seen], "event_id string, _seen boolean")
+        return (
+            parsed.join(F.broadcast(seen_df), "event_id", "left")
+            .withColumn(
+                "is_new", F.coalesce(F.col("is_first") & F.col("_seen").isNull(), F.lit(False))
             )
-        )
-        return parsed.join(new, [col.TOPIC, col.PARTITION, col.OFFSET], "left").withColumn(
-            "is_new", F.coalesce(F.col("is_new"), F.lit(False))
+            .drop("is_first", "_seen")
         )

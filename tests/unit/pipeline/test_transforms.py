@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from infra import contract as c
-from pipeline.transforms import first_of_each_event, parse_events, quarantined, valid_events
+from pipeline.transforms import mark_first_copies, parse_events, quarantined, valid_events
 
 RAW_DDL = "key string, value binary, topic string, partition int, offset long, timestamp timestamp"
 KAFKA_TS = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
@@ -121,8 +121,11 @@ def test_split_keeps_every_record_once(spark: Any) -> None:
     assert sorted(r.raw_value for r in bad.collect()) == [b"oops", b"{}"]
 
 
-def test_first_of_each_event_keeps_smallest_coordinates(spark: Any) -> None:
+def test_the_first_copy_of_an_event_is_the_valid_one_with_smallest_coordinates(spark: Any) -> None:
     values = [json.dumps(event(event_id=e)).encode() for e in ("a", "b", "a", "a")]
-    good = valid_events(parse_events(spark.createDataFrame(raw_rows(values), RAW_DDL)))
-    firsts = {r.event_id: r.kafka_offset for r in first_of_each_event(good).collect()}
-    assert firsts == {"a": 0, "b": 1}
+    # An invalid copy of "b" (seq out of range) comes first but cannot be the original.
+    values.insert(0, json.dumps(event(event_id="b", seq=-1)).encode())
+    marked = mark_first_copies(parse_events(spark.createDataFrame(raw_rows(values), RAW_DDL)))
+    flags = sorted((r.event_id, r.offset, r.is_first) for r in marked.collect())
+    assert flags == [("a", 1, True), ("a", 3, False), ("a", 4, False), ("b", 0, None),
+                     ("b", 2, True)]  # fmt: skip

@@ -14,7 +14,7 @@ from infra import lake
 from pipeline import columns as col
 from pipeline.rules import Thresholds, rule_alerts
 from pipeline.scoring import ModelScorer, model_alerts
-from pipeline.sinks import retry_on_conflict, upsert
+from pipeline.sinks import lower_bound, retry_on_conflict, upsert
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +25,17 @@ _UPDATABLE = ("severity", "score", "reasons", "window_end", "last_event_time", "
 
 def merge_alerts(alerts: DataFrame, path: str) -> None:
     """MERGE on alert_id: new alerts inserted, changed ones updated; a replay changes nothing."""
+    # Scored once: the bound below and a MERGE retried after a conflict reuse the rows.
+    alerts = alerts.localCheckpoint(eager=True)
     changed = " OR ".join(f"NOT (t.`{f}` <=> s.`{f}`)" for f in _UPDATABLE)
+    # alert_id is made from the window start, so a match has the same window_start.
+    condition = "t.alert_id = s.alert_id AND " + lower_bound(alerts, col.WINDOW_START)
 
     def merge() -> None:
         (
             DeltaTable.forPath(alerts.sparkSession, path)
             .alias("t")
-            .merge(alerts.alias("s"), "t.alert_id = s.alert_id")
+            .merge(alerts.alias("s"), condition)
             .whenMatchedUpdate(condition=changed, set={f: f"s.`{f}`" for f in _UPDATABLE})
             .whenNotMatchedInsertAll()
             .execute()
@@ -51,7 +55,8 @@ class FeaturesBatchWriter:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
         windows = batch.localCheckpoint(eager=True)
-        upsert(spark, windows, lake.table_path(self.lake_root, lake.FEATURES), FEATURE_KEYS)
+        upsert(spark, windows, lake.table_path(self.lake_root, lake.FEATURES), FEATURE_KEYS,
+               prune_on=col.WINDOW_START)  # fmt: skip
         alerts = rule_alerts(windows, self.thresholds).withColumns(
             {"model_name": F.lit(None).cast("string"), "model_version": F.lit(None).cast("string")}
         )

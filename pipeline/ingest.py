@@ -1,8 +1,9 @@
 """The ingest micro-batch: quarantine bad records, keep each event once in bronze ``telemetry``.
 
-Exactly once without streaming state: within a batch the copy with the smallest Kafka coordinates
-of each event_id is its original; an event_id already in ``telemetry`` (within the dedup horizon)
-from an earlier batch is a duplicate. Both decisions depend only on the batch and on what earlier
+Exactly once without streaming state: copies of an event are messages with the same event_id and
+event_time (the same message sent again). Within a batch the copy with the smallest Kafka
+coordinates is the original; an event already in ``telemetry`` (within the dedup horizon) from an
+earlier batch is a duplicate. Both decisions depend only on the batch and on what earlier
 batches wrote (rows with this batch's own coordinates are ignored), so a batch replayed after a
 crash decides the same; the appends carry (txnAppId, txnVersion=batch_id) so Delta commits each
 of them once.
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import reduce
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from infra import contract as c
@@ -25,6 +27,8 @@ from pipeline.transforms import mark_first_copies, parse_events, quarantined, va
 log = logging.getLogger(__name__)
 
 _COORDS = ["kafka_topic", "kafka_partition", "kafka_offset"]
+# More distinct event hours than this in one batch (a backfill) are looked up as one range.
+_MAX_LOOKUP_HOURS = 48
 
 
 @dataclass
@@ -53,7 +57,7 @@ class IngestBatchWriter:
         )
 
     def mark_new_events(self, batch: DataFrame, telemetry_path: str) -> DataFrame:
-        """``parse_events`` output plus ``is_new``: the first copy of an event_id not yet in
+        """``parse_events`` output plus ``is_new``: the first copy of an event not yet in
         ``telemetry`` (within the dedup horizon).
 
         The decision is fixed before anything is written: the parsed batch is materialised and
@@ -66,30 +70,61 @@ class IngestBatchWriter:
         ).localCheckpoint(eager=True)
         firsts = parsed.where(F.col("is_first")).select(
             "event_id",
+            "event_time",
             F.col(col.TOPIC).alias("kafka_topic"),
             F.col(col.PARTITION).alias("kafka_partition"),
             F.col(col.OFFSET).alias("kafka_offset"),
         )
-        horizon_start = F.current_timestamp() - F.expr(f"INTERVAL {self.dedup_horizon}")
         # Rows carrying this batch's own Kafka coordinates were written by an earlier attempt
         # of this batch (killed before its checkpoint commit): they do not count as seen.
         seen = [
-            row.event_id
+            (row.event_id, row.micros)
             for row in spark.read.format("delta")
             .load(telemetry_path)
-            .where(F.col("event_time") >= horizon_start)
-            .select("event_id", *_COORDS)
-            .join(F.broadcast(firsts.select("event_id")), "event_id", "left_semi")
+            .where(self.lookup_range(firsts))
+            .select("event_id", "event_time", *_COORDS)
+            .join(F.broadcast(firsts.select("event_id", "event_time")),
+                  ["event_id", "event_time"], "left_semi")
             .join(F.broadcast(firsts), ["event_id", *_COORDS], "left_anti")
-            .select("event_id")
+            .select("event_id", F.unix_micros("event_time").alias("micros"))
             .distinct()
             .collect()
-        ]
-        seen_df = spark.createDataFrame([(e, True) for e in seen], "event_id string, _seen boolean")
-        return (
-            parsed.join(F.broadcast(seen_df), "event_id", "left")
-            .withColumn(
-                "is_new", F.coalesce(F.col("is_first") & F.col("_seen").isNull(), F.lit(False))
-            )
-            .drop("is_first", "_seen")
+        ]  # fmt: skip
+        seen_df = spark.createDataFrame(
+            [(*key, True) for key in seen], "event_id string, _micros long, _seen boolean"
         )
+        keys = (parsed["event_id"] == seen_df["event_id"]) & (
+            F.unix_micros(parsed["event_time"]) == seen_df["_micros"]
+        )
+        is_new = F.coalesce(F.col("is_first") & seen_df["_seen"].isNull(), F.lit(False))
+        return (
+            parsed.join(F.broadcast(seen_df), keys, "left")
+            .select(parsed["*"], is_new.alias("is_new"))
+            .drop("is_first")
+        )
+
+    def lookup_range(self, firsts: DataFrame) -> Column:
+        """Where copies of ``firsts`` can be in ``telemetry``: the hours of their event times,
+        within the dedup horizon. Delta skips the files outside (min/max of event_time), so the
+        lookup reads what the batch could repeat, not the whole table."""
+        hours = sorted(
+            row.h
+            for row in firsts.select(F.date_trunc("hour", "event_time").cast("string").alias("h"))
+            .distinct()
+            .collect()
+        )
+        horizon = F.col("event_time") >= F.current_timestamp() - F.expr(
+            f"INTERVAL {self.dedup_horizon}"
+        )
+        if not hours:
+            return F.lit(False)
+        if len(hours) > _MAX_LOOKUP_HOURS:  # a backfill: one range instead of many
+            spans = [(hours[0], hours[-1])]
+        else:
+            spans = [(h, h) for h in hours]
+        in_hours = [
+            (F.col("event_time") >= F.lit(start).cast("timestamp"))
+            & (F.col("event_time") < F.lit(end).cast("timestamp") + F.expr("INTERVAL 1 HOUR"))
+            for start, end in spans
+        ]
+        return horizon & reduce(lambda a, b: a | b, in_hours)

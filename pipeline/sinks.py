@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from infra import contract as c
 from infra import lake
@@ -49,15 +50,36 @@ def idempotent_append(df: DataFrame, path: str, app_id: str, version: int) -> No
     )
 
 
-def upsert(spark: SparkSession, df: DataFrame, path: str, keys: list[str]) -> None:
+def lower_bound(df: DataFrame, column: str) -> str:
+    """A MERGE condition ``t.column >= <smallest value of column in df>`` (``TRUE`` when empty).
+
+    When ``column`` is part of the key, a target row can only match a source row at or after
+    that bound, so the condition changes no result; it lets Delta skip the files of older rows
+    (their min/max statistics), which keeps a MERGE into a growing table from rewriting it all.
+    Timestamps are written and read back in the session time zone.
+    """
+    smallest = df.agg(F.min(column).cast("string").alias("v")).first()
+    if smallest is None or smallest.v is None:
+        return "TRUE"
+    kind = dict(df.dtypes)[column]
+    literal = f"{kind.upper()} '{smallest.v}'" if kind in ("timestamp", "date") else smallest.v
+    return f"t.`{column}` >= {literal}"
+
+
+def upsert(
+    spark: SparkSession, df: DataFrame, path: str, keys: list[str], prune_on: str | None = None
+) -> None:
     """MERGE ``df`` into the table on ``keys``: update what matches, insert the rest.
 
     Repeating the same MERGE leaves the table unchanged, so a replayed micro-batch is harmless.
-    The table is created from ``df``'s schema on first use.
+    The table is created from ``df``'s schema on first use. ``prune_on`` names a key column
+    whose lower bound in ``df`` limits the target files read (see ``lower_bound``).
     """
     if not DeltaTable.isDeltaTable(spark, path):
         df.limit(0).write.format("delta").mode("ignore").save(path)
     condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    if prune_on:
+        condition += " AND " + lower_bound(df, prune_on)
     (
         DeltaTable.forPath(spark, path)
         .alias("t")

@@ -197,12 +197,15 @@ def _quarantine_columns() -> list[Column]:
 
 
 def mark_first_copies(parsed: DataFrame) -> DataFrame:
-    """``parse_events`` output plus ``is_first``: true for the valid copy of each event_id with
-    the smallest Kafka coordinates, false for later valid copies, null for invalid rows.
+    """``parse_events`` output plus ``is_first``: true for the valid copy of each event with the
+    smallest Kafka coordinates, false for later valid copies, null for invalid rows. Copies of an
+    event are messages with the same event_id and event_time (the same message sent again).
 
     A batch transform (a window over the rows); use it inside ``foreachBatch``, not on a stream.
     """
     valid = F.col(col.REASON).isNull()
     # Invalid rows share the window with valid copies of their event_id but never come first.
-    order = Window.partitionBy("event_id", valid).orderBy(col.TOPIC, col.PARTITION, col.OFFSET)
+    order = Window.partitionBy("event_id", "event_time", valid).orderBy(
+        col.TOPIC, col.PARTITION, col.OFFSET
+    )
     return parsed.withColumn("is_first", F.when(valid, F.row_number().over(order) == 1))

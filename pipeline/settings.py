@@ -48,7 +48,10 @@ class PipelineSettings(CommonSettings):
     )
     trigger_interval: str = Field(default="1 second", description="processingTime interval")
     window: str = Field(default="10 minutes", description="Sliding window length")
-    slide: str = Field(default="1 minute", description="Sliding window step")
+    slide: str = Field(
+        default="5 minutes",
+        description="Sliding window step: each event updates window/slide windows (2 by default)",
+    )
     watermark: str = Field(
         default="5 minutes", description="How late an event may be and still update its windows"
     )
@@ -58,7 +61,8 @@ class PipelineSettings(CommonSettings):
         "ones are quarantined (bad_timestamp) so a fast device clock cannot move the watermark",
     )
     dedup_horizon: str = Field(
-        default="24 hours", description="How far back a repeated event_id is recognised"
+        default="24 hours",
+        description="How far back a repeated event (event_id and event_time) is recognised",
     )
     app_id: str = Field(
         default="iotfraud", description="Delta txnAppId prefix for idempotent appends"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from delta.tables import DeltaTable
+from pyspark import InheritableThread
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -27,6 +29,8 @@ def merge_alerts(alerts: DataFrame, path: str) -> None:
     """MERGE on alert_id: new alerts inserted, changed ones updated; a replay changes nothing."""
     # Scored once: the bound below and a MERGE retried after a conflict reuse the rows.
     alerts = alerts.localCheckpoint(eager=True)
+    if alerts.isEmpty():  # a MERGE of nothing would change nothing, after seconds of work
+        return
     changed = " OR ".join(f"NOT (t.`{f}` <=> s.`{f}`)" for f in _UPDATABLE)
     # alert_id is made from the window start, so a match has the same window_start.
     condition = "t.alert_id = s.alert_id AND " + lower_bound(alerts, col.WINDOW_START)
@@ -55,8 +59,19 @@ class FeaturesBatchWriter:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
         windows = batch.localCheckpoint(eager=True)
-        upsert(spark, windows, lake.table_path(self.lake_root, lake.FEATURES), FEATURE_KEYS,
-               prune_on=col.WINDOW_START)  # fmt: skip
+        # The two MERGEs touch different tables and spend most of their time in Delta's
+        # planning and commits rather than on the cores: run the features one alongside.
+        features = _Background(lambda: upsert(
+            spark, windows, lake.table_path(self.lake_root, lake.FEATURES), FEATURE_KEYS,
+            prune_on=col.WINDOW_START,
+        ))  # fmt: skip
+        try:
+            self.write_alerts(windows, batch_id)
+        finally:
+            features.wait()
+
+    def write_alerts(self, windows: DataFrame, batch_id: int) -> None:
+        spark = windows.sparkSession
         alerts = rule_alerts(windows, self.thresholds).withColumns(
             {"model_name": F.lit(None).cast("string"), "model_version": F.lit(None).cast("string")}
         )
@@ -67,3 +82,25 @@ class FeaturesBatchWriter:
             {"detected_at": F.current_timestamp(), "batch_id": F.lit(batch_id).cast("long")}
         ).select(*c.column_names(c.ALERTS_COLUMNS))
         merge_alerts(alerts, lake.table_path(self.lake_root, lake.ALERTS))
+
+
+class _Background:
+    """Run ``work`` in a thread that inherits Spark's thread-local properties; ``wait`` returns
+    when it is done and raises what it raised."""
+
+    def __init__(self, work: Callable[[], None]) -> None:
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as exc:  # handed to wait()
+                self._error = exc
+
+        self._thread = InheritableThread(target=run, daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error

@@ -1,6 +1,7 @@
 """Wire sources, transforms and sinks into the two streaming queries, and run them.
 
-ingest:          source -> parse -> quarantine | dedup -> telemetry     (foreachBatch, appends)
+ingest:          source -> parse -> quarantine | dedup -> telemetry     (parse on the stream,
+                 foreachBatch: dedup and appends)
 features:        telemetry + duplicates (Delta streams) -> registry join -> watermark -> sliding
                  windows -> features (MERGE) -> detection               (foreachBatch, update mode)
 firmware_ingest: firmware update topic -> parse -> quarantine | firmware_updates    (appends)
@@ -40,6 +41,7 @@ from pipeline.scoring import ModelScorer
 from pipeline.settings import PipelineSettings
 from pipeline.sinks import ensure_tables
 from pipeline.sources import kafka_source, raw_source
+from pipeline.transforms import parse_events
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +147,9 @@ class Pipeline:
 
     def start_ingest(self) -> StreamingQuery:
         s = self.settings
-        writer = IngestBatchWriter(s.lake_root, s.app_id, s.dedup_horizon, s.max_clock_ahead)
-        raw = raw_source(self.spark, self.settings)
-        query = self._writer(raw, INGEST).foreachBatch(writer).start()
+        writer = IngestBatchWriter(s.lake_root, s.app_id, s.dedup_horizon)
+        parsed = parse_events(raw_source(self.spark, s), max_clock_ahead=s.max_clock_ahead)
+        query = self._writer(parsed, INGEST).foreachBatch(writer).start()
         self.queries.append(query)
         return query
 

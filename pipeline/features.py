@@ -40,11 +40,14 @@ def feature_events(events: DataFrame, *, duplicates: bool) -> DataFrame:
 
 def batch_feature_input(events: DataFrame) -> DataFrame:
     """Static bronze events (copies included) as the stream sees them: the first copy of each
-    event_id (smallest source coordinates) as an event, later copies as duplicates.
+    event (same event_id and event_time, as ``mark_first_copies`` decides at ingest; smallest
+    source coordinates) as an event, later copies as duplicates.
 
     Input: ``valid_events`` output. Not for streams (the stream dedups at ingest).
     """
-    order = Window.partitionBy("event_id").orderBy("kafka_topic", "kafka_partition", "kafka_offset")
+    order = Window.partitionBy("event_id", "event_time").orderBy(
+        "kafka_topic", "kafka_partition", "kafka_offset"
+    )
     ranked = events.withColumn("_copy", F.row_number().over(order))
     firsts = feature_events(ranked.where(F.col("_copy") == 1), duplicates=False)
     return firsts.unionByName(feature_events(ranked.where(F.col("_copy") > 1), duplicates=True))

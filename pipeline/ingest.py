@@ -48,7 +48,10 @@ class IngestBatchWriter:
         marked = self.mark_new_events(batch, telemetry_path)
         new_events = valid_events(marked.where(F.col("is_new")))
         duplicates = marked.where(F.col("reason").isNull() & ~F.col("is_new")).withColumns(
-            {"reason": F.lit(c.REASON_DUPLICATE), "detail": F.lit("event_id already ingested")}
+            {
+                "reason": F.lit(c.REASON_DUPLICATE),
+                "detail": F.lit("event already ingested (same event_id and event_time)"),
+            }
         )
         rejected = quarantined(marked).unionByName(quarantined(duplicates))
         idempotent_append(new_events, telemetry_path, f"{self.app_id}-telemetry", batch_id)

@@ -17,6 +17,8 @@ prints a JSON object:
 - per query, from ``pipeline_metrics``: batches, batch duration p50/p95, input rows/s, state rows
   at the start and at the end, late rows dropped;
 - the pipeline's resident memory (Python driver + JVM) sampled every 5 s: first, max, last;
+- a timeline in ``--bucket``-second steps (for long runs: is anything growing?): memory, state
+  rows of each stateful query, and the ingest latency p95 of the rows written in that step;
 - whether the pipeline kept up: rows in the lake at the end of sending vs messages sent.
 """
 
@@ -92,9 +94,43 @@ def query_metrics(lake: str) -> dict[str, Any]:
     return out
 
 
+def timeline(
+    lake: str, ingest: pd.DataFrame, memory: list[tuple[float, float]], bucket_s: float
+) -> list[dict[str, Any]]:
+    """Per ``bucket_s`` since the first memory sample: memory max, last state rows per stateful
+    query, ingest latency p95 of the rows written then."""
+    if not memory:
+        return []
+    start = memory[0][0]
+    origin = pd.Timestamp(start, unit="s", tz="UTC")
+
+    def step_of(times: pd.Series) -> pd.Series:
+        return (pd.to_datetime(times, utc=True) - origin).dt.total_seconds() // bucket_s
+
+    metrics = pd.DataFrame(table_rows(lake, "pipeline_metrics"))
+    metrics["step"] = step_of(metrics["timestamp"])
+    ingest = ingest.assign(step=step_of(ingest["ingested"]))
+    rss = pd.DataFrame(memory, columns=["t", "mb"]).assign(step=lambda d: (d.t - start) // bucket_s)
+    out = []
+    for step in sorted(rss["step"].unique()):
+        mem = rss[rss["step"] == step]
+        at = metrics[metrics["step"] == step].sort_values("timestamp")
+        state = {
+            str(q): int(rows["state_rows"].iloc[-1] or 0)
+            for q, rows in at.groupby("query_name")
+            if rows["state_rows"].fillna(0).any()
+        }
+        latency = ingest.loc[ingest["step"] == step, "latency_s"]
+        out.append({"minute": round(float(step) * bucket_s / 60, 1),
+                    "rss_mb_max": round(mem.mb.max()), "state_rows": state,
+                    "ingest_latency_p95_s": round(float(latency.quantile(0.95)), 1)
+                    if len(latency) else None})  # fmt: skip
+    return out
+
+
 def run(
     root: Path, bootstrap: str, args: argparse.Namespace
-) -> tuple[int, int, float, float, list[float]]:
+) -> tuple[int, int, float, float, list[tuple[float, float]]]:
     """Registry, pipeline and simulator against ``bootstrap``; what the measurement needs."""
     lake = str(root / "lake")
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "IOT_LAKE_ROOT": lake,
@@ -112,7 +148,7 @@ def run(
     log = (root / "pipeline.log").open("wb")
     pipeline = subprocess.Popen([sys.executable, "-m", "pipeline", "run"], env=env,
                                 stdout=log, stderr=log, start_new_session=True)  # fmt: skip
-    memory: list[float] = []
+    memory: list[tuple[float, float]] = []  # (unix time, MB)
     try:
         while lake_rows(lake) < 1:  # the single warm-up message is through: it runs
             assert pipeline.poll() is None, (root / "pipeline.log").read_text()[-3000:]
@@ -124,7 +160,7 @@ def run(
             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         while simulator.poll() is None:
-            memory.append(tree_rss_mb(pipeline.pid))
+            memory.append((time.time(), tree_rss_mb(pipeline.pid)))
             time.sleep(5)
         out, _ = simulator.communicate()
         final = out.decode().strip().splitlines()[-1]
@@ -135,7 +171,7 @@ def run(
         send_s = time.monotonic() - started
         deadline = time.monotonic() + args.drain
         while lake_rows(lake) < sent and time.monotonic() < deadline:
-            memory.append(tree_rss_mb(pipeline.pid))
+            memory.append((time.time(), tree_rss_mb(pipeline.pid)))
             time.sleep(5)
         drained_s = time.monotonic() - started
         time.sleep(30)  # the features query finishes its last batches
@@ -155,6 +191,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument("--devices", type=int, default=2000)
     parser.add_argument("--drain", type=float, default=600)
+    parser.add_argument("--bucket", type=float, default=300, help="timeline step, seconds")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="latbench-") as tmp:
@@ -168,6 +205,8 @@ def main() -> int:
         ingest = (
             ingested - pd.to_datetime(telemetry["kafka_timestamp"], utc=True)
         ).dt.total_seconds()
+        steps = timeline(lake, pd.DataFrame({"ingested": ingested, "latency_s": ingest}),
+                         memory, args.bucket)  # fmt: skip
         alerts = alert_latency(lake)
         result = {
             "rate": args.rate, "seconds": args.seconds, "devices": args.devices,
@@ -178,8 +217,10 @@ def main() -> int:
             "alert_latency_s": None if alerts is None else {"p50": round(alerts[0], 2),
                                                             "p95": round(alerts[1], 2)},
             "queries": query_metrics(lake),
-            "pipeline_rss_mb": {"first": round(memory[0]), "max": round(max(memory)),
-                                "last": round(memory[-1])} if memory else None,
+            "pipeline_rss_mb": {"first": round(memory[0][1]),
+                                "max": round(max(mb for _, mb in memory)),
+                                "last": round(memory[-1][1])} if memory else None,
+            "timeline": steps,
         }  # fmt: skip
     print(json.dumps(result, indent=2))
     return 0

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from delta.tables import DeltaTable
-from pyspark import InheritableThread
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -16,7 +14,7 @@ from infra import lake
 from pipeline import columns as col
 from pipeline.rules import Thresholds, rule_alerts
 from pipeline.scoring import ModelScorer, model_alerts
-from pipeline.sinks import lower_bound, retry_on_conflict, upsert
+from pipeline.sinks import lower_bound, retry_on_conflict, side_by_side, upsert
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +58,12 @@ class FeaturesBatchWriter:
         spark = batch.sparkSession
         windows = batch.localCheckpoint(eager=True)
         # The two MERGEs touch different tables and spend most of their time in Delta's
-        # planning and commits rather than on the cores: run the features one alongside.
-        features = _Background(lambda: upsert(
-            spark, windows, lake.table_path(self.lake_root, lake.FEATURES), FEATURE_KEYS,
-            prune_on=col.WINDOW_START,
-        ))  # fmt: skip
-        try:
-            self.write_alerts(windows, batch_id)
-        finally:
-            features.wait()
+        # planning and commits rather than on the cores.
+        side_by_side(
+            lambda: self.write_alerts(windows, batch_id),
+            lambda: upsert(spark, windows, lake.table_path(self.lake_root, lake.FEATURES),
+                           FEATURE_KEYS, prune_on=col.WINDOW_START),
+        )  # fmt: skip
 
     def write_alerts(self, windows: DataFrame, batch_id: int) -> None:
         spark = windows.sparkSession
@@ -82,25 +77,3 @@ class FeaturesBatchWriter:
             {"detected_at": F.current_timestamp(), "batch_id": F.lit(batch_id).cast("long")}
         ).select(*c.column_names(c.ALERTS_COLUMNS))
         merge_alerts(alerts, lake.table_path(self.lake_root, lake.ALERTS))
-
-
-class _Background:
-    """Run ``work`` in a thread that inherits Spark's thread-local properties; ``wait`` returns
-    when it is done and raises what it raised."""
-
-    def __init__(self, work: Callable[[], None]) -> None:
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                work()
-            except BaseException as exc:  # handed to wait()
-                self._error = exc
-
-        self._thread = InheritableThread(target=run, daemon=True)
-        self._thread.start()
-
-    def wait(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error

@@ -27,7 +27,7 @@ from pipeline import columns as col
 from pipeline.detection import merge_alerts
 from pipeline.features import with_device
 from pipeline.rules import alert_id
-from pipeline.sinks import idempotent_append
+from pipeline.sinks import idempotent_append, side_by_side
 
 log = logging.getLogger(__name__)
 
@@ -181,12 +181,14 @@ class FirmwareIngestWriter:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         parsed = parse_firmware_updates(batch).localCheckpoint(eager=True)
-        idempotent_append(valid_updates(parsed),
-                          lake.table_path(self.lake_root, lake.FIRMWARE_UPDATES),
-                          f"{self.app_id}-firmware-updates", batch_id)  # fmt: skip
-        idempotent_append(rejected_updates(parsed),
-                          lake.table_path(self.lake_root, lake.QUARANTINE),
-                          f"{self.app_id}-firmware-quarantine", batch_id)  # fmt: skip
+        side_by_side(
+            lambda: idempotent_append(valid_updates(parsed),
+                                      lake.table_path(self.lake_root, lake.FIRMWARE_UPDATES),
+                                      f"{self.app_id}-firmware-updates", batch_id),
+            lambda: idempotent_append(rejected_updates(parsed),
+                                      lake.table_path(self.lake_root, lake.QUARANTINE),
+                                      f"{self.app_id}-firmware-quarantine", batch_id),
+        )  # fmt: skip
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from infra import contract as c
 from infra import lake
 from pipeline import columns as col
-from pipeline.sinks import idempotent_append
+from pipeline.sinks import idempotent_append, side_by_side
 from pipeline.transforms import mark_first_copies, quarantined, valid_events
 
 log = logging.getLogger(__name__)
@@ -54,13 +54,13 @@ class IngestBatchWriter:
             }
         )
         rejected = quarantined(marked).unionByName(quarantined(duplicates))
-        idempotent_append(new_events, telemetry_path, f"{self.app_id}-telemetry", batch_id)
-        idempotent_append(
-            rejected,
-            lake.table_path(self.lake_root, lake.QUARANTINE),
-            f"{self.app_id}-quarantine",
-            batch_id,
-        )
+        quarantine_path = lake.table_path(self.lake_root, lake.QUARANTINE)
+        side_by_side(
+            lambda: idempotent_append(new_events, telemetry_path, f"{self.app_id}-telemetry",
+                                      batch_id),
+            lambda: idempotent_append(rejected, quarantine_path, f"{self.app_id}-quarantine",
+                                      batch_id),
+        )  # fmt: skip
 
     def mark_new_events(self, parsed: DataFrame, telemetry_path: str) -> DataFrame:
         """``parse_events`` output plus ``is_new``: the first copy of an event not yet in

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 from delta.tables import DeltaTable
+from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -40,7 +41,13 @@ def ensure_tables(spark: SparkSession, lake_root: str) -> None:
 
 
 def idempotent_append(df: DataFrame, path: str, app_id: str, version: int) -> None:
-    """Append ``df`` once: Delta skips a write whose (txnAppId, txnVersion) it has committed."""
+    """Append ``df`` once: Delta skips a write whose (txnAppId, txnVersion) it has committed.
+
+    An empty ``df`` writes nothing: the commit alone costs about a second, and skipping a version
+    is safe (Delta compares a later write's version with the highest one committed).
+    """
+    if df.isEmpty():
+        return
     (
         df.write.format("delta")
         .mode("append")
@@ -88,6 +95,32 @@ def upsert(
         .whenNotMatchedInsertAll()
         .execute()
     )
+
+
+def side_by_side(*writes: Callable[[], None]) -> None:
+    """Run ``writes`` (to different tables) at the same time; return when all are done.
+
+    A Delta write spends much of its time in planning and in its commit rather than on the
+    cores, so two together take little more than the longer one. The first error is raised
+    after every write has finished, so a failed batch never leaves a write running behind it.
+    """
+    errors: list[BaseException] = []
+
+    def run(write: Callable[[], None]) -> None:
+        try:
+            write()
+        except BaseException as exc:  # raised below, in the caller's thread
+            errors.append(exc)
+
+    # InheritableThread carries Spark's thread-local properties (job group, scheduler pool).
+    threads = [InheritableThread(target=run, args=(w,), daemon=True) for w in writes[1:]]
+    for thread in threads:
+        thread.start()
+    run(writes[0])
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def is_write_conflict(exc: BaseException) -> bool:

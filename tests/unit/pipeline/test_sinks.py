@@ -1,12 +1,15 @@
-"""Retrying a Delta write that lost to a concurrent commit (two queries MERGE into alerts)."""
+"""Retrying a Delta write that lost to a concurrent commit (two queries MERGE into alerts), and
+writes to different tables run side by side."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
 import pytest
 
-from pipeline.sinks import retry_on_conflict
+from pipeline.sinks import retry_on_conflict, side_by_side
 
 CONFLICT = (
     "An error occurred while calling o412.execute.\n: io.delta.exceptions."
@@ -44,3 +47,33 @@ def test_conflicts_that_persist_end_in_the_error() -> None:
     with pytest.raises(RuntimeError, match="DELTA_CONCURRENT_APPEND"):
         retry_on_conflict(write, "alerts MERGE", attempts=3)
     assert len(calls) == 3
+
+
+def test_side_by_side_runs_the_writes_at_the_same_time() -> None:
+    both_started = threading.Barrier(2, timeout=10)
+    done: list[str] = []
+
+    def write(name: str) -> Callable[[], None]:
+        def run() -> None:
+            both_started.wait()  # breaks (and fails the test) unless the other write runs too
+            done.append(name)
+
+        return run
+
+    side_by_side(write("telemetry"), write("quarantine"))
+    assert sorted(done) == ["quarantine", "telemetry"]
+
+
+def test_side_by_side_raises_a_failure_only_after_every_write_finished() -> None:
+    finished = threading.Event()
+
+    def slow() -> None:
+        time.sleep(0.3)
+        finished.set()
+
+    def failing() -> None:
+        raise RuntimeError("DELTA_FAILED_TO_WRITE")
+
+    with pytest.raises(RuntimeError, match="DELTA_FAILED_TO_WRITE"):
+        side_by_side(failing, slow)
+    assert finished.is_set()

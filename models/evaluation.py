@@ -125,6 +125,26 @@ def evaluate(
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
+def missed(
+    alerts: pd.DataFrame, truth: pd.DataFrame, scenarios: Sequence[str] = c.FRAUD_SCENARIOS
+) -> pd.DataFrame:
+    """The injections of ``scenarios`` that no alert of their scenario's types overlaps (the
+    recall misses of ``evaluate``), as rows of ``truth``."""
+    alerts = alerts.reset_index(drop=True).copy()
+    truth = truth[truth["scenario"].isin(scenarios)].reset_index(drop=True).copy()
+    for name in ("window_start", "window_end"):
+        alerts[name] = _utc(alerts[name])
+    for name in ("start_time", "end_time"):
+        truth[name] = _utc(truth[name])
+    pairs = _pairs(alerts, truth)
+    wanted = [
+        alert_type in c.SCENARIO_ALERT_TYPES.get(scenario, ())
+        for alert_type, scenario in zip(pairs["alert_type"], pairs["scenario"], strict=True)
+    ]
+    found = set(pairs.loc[np.asarray(wanted, dtype=bool), "injection_row"])
+    return truth[~truth.index.isin(found)]
+
+
 def window_labels(windows: pd.DataFrame, truth: pd.DataFrame, min_overlap_s: float) -> pd.Series:
     """Per window (device_id, window_start, window_end): ``clean`` when it overlaps no injection
     on its device; else the scenario it overlaps longest when that overlap is at least

@@ -128,6 +128,17 @@ def split_devices(frame: pd.DataFrame, fraction: float, seed: int) -> np.ndarray
     return frame["device_id"].isin(chosen).to_numpy()
 
 
+def fit_detector(history: History, settings: ModelSettings) -> tuple[Detector, np.ndarray]:
+    """The detector fitted on the training devices of ``history``, thresholds chosen on its
+    validation devices; returns it with the validation mask."""
+    validation = split_devices(history.features, settings.validation_fraction, settings.seed)
+    frame, labels = history.features, history.labels
+    detector = fit(frame[~validation], labels[~validation], settings.seed)
+    choose_thresholds(detector, frame[validation], labels[validation],
+                      settings.max_false_alert_rate)  # fmt: skip
+    return detector, validation
+
+
 def champion_score(tracking_uri: str, name: str, holdout: History) -> registry.Score | None:
     """The current champion scored on ``holdout`` with its own threshold, or None."""
     import mlflow
@@ -161,11 +172,8 @@ def train(spark: SparkSession, settings: ModelSettings, tracking_uri: str, *, wi
     history_ = history(settings.seed, settings.hours, "train")
     holdout = history(settings.holdout_seed, settings.holdout_hours, "holdout")
 
-    validation = split_devices(history_.features, settings.validation_fraction, settings.seed)
+    detector, validation = fit_detector(history_, settings)
     frame, labels = history_.features, history_.labels
-    detector: Detector = fit(frame[~validation], labels[~validation], settings.seed)
-    choose_thresholds(detector, frame[validation], labels[validation],
-                      settings.max_false_alert_rate)  # fmt: skip
     scores = detector.score(holdout.features)
     report, metrics = holdout_report(holdout, scores, 0.5)
     score = registry.Score(metrics["holdout_model_f1"], metrics["holdout_model_pr_auc"])

@@ -3,16 +3,17 @@
 Exactly once without streaming state: copies of an event are messages with the same event_id and
 event_time (the same message sent again). Within a batch the copy with the smallest Kafka
 coordinates is the original; an event already in ``telemetry`` (within the dedup horizon) from an
-earlier batch is a duplicate. Both decisions depend only on the batch and on what earlier
-batches wrote (rows with this batch's own coordinates are ignored), so a batch replayed after a
-crash decides the same; the appends carry (txnAppId, txnVersion=batch_id) so Delta commits each
-of them once.
+earlier batch is a duplicate; it is looked up in the minutes of the batch's event times. Both
+decisions depend only on the batch and on what earlier batches wrote (rows with this batch's own
+coordinates are ignored), so a batch replayed after a crash decides the same; the appends carry
+(txnAppId, txnVersion=batch_id) so Delta commits each of them once.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame
@@ -27,8 +28,9 @@ from pipeline.transforms import mark_first_copies, quarantined, valid_events
 log = logging.getLogger(__name__)
 
 _COORDS = ["kafka_topic", "kafka_partition", "kafka_offset"]
-# More distinct event hours than this in one batch (a backfill) are looked up as one range.
-_MAX_LOOKUP_HOURS = 48
+# More separate event-time ranges than this in one batch (a backfill) are looked up as one.
+_MAX_LOOKUP_SPANS = 32
+_MINUTE_US = 60_000_000
 
 
 @dataclass
@@ -108,27 +110,44 @@ class IngestBatchWriter:
         )
 
     def lookup_range(self, firsts: DataFrame) -> Column:
-        """Where copies of ``firsts`` can be in ``telemetry``: the hours of their event times,
+        """Where copies of ``firsts`` can be in ``telemetry``: the minutes of their event times,
         within the dedup horizon. Delta skips the files outside (min/max of event_time), so the
-        lookup reads what the batch could repeat, not the whole table."""
-        hours = sorted(
-            row.h
-            for row in firsts.select(F.date_trunc("hour", "event_time").cast("string").alias("h"))
+        lookup reads what the batch could repeat, not the whole table: a live batch's events
+        fall in a few minutes, and the files covering them are those of the last few batches.
+        """
+        minutes = [
+            row.m
+            for row in firsts.select(F.unix_micros(F.date_trunc("minute", "event_time")).alias("m"))
             .distinct()
             .collect()
-        )
+        ]
+        if not minutes:
+            return F.lit(False)
         horizon = F.col("event_time") >= F.current_timestamp() - F.expr(
             f"INTERVAL {self.dedup_horizon}"
         )
-        if not hours:
-            return F.lit(False)
-        if len(hours) > _MAX_LOOKUP_HOURS:  # a backfill: one range instead of many
-            spans = [(hours[0], hours[-1])]
-        else:
-            spans = [(h, h) for h in hours]
-        in_hours = [
-            (F.col("event_time") >= F.lit(start).cast("timestamp"))
-            & (F.col("event_time") < F.lit(end).cast("timestamp") + F.expr("INTERVAL 1 HOUR"))
-            for start, end in spans
+        in_spans = [
+            (F.col("event_time") >= F.lit(_utc(start))) & (F.col("event_time") < F.lit(_utc(end)))
+            for start, end in lookup_spans(minutes)
         ]
-        return horizon & reduce(lambda a, b: a | b, in_hours)
+        return horizon & reduce(lambda a, b: a | b, in_spans)
+
+
+def lookup_spans(minutes: list[int], max_spans: int = _MAX_LOOKUP_SPANS) -> list[tuple[int, int]]:
+    """Half-open ``[start, end)`` ranges (epoch microseconds) covering the given whole minutes,
+    adjacent minutes joined; more than ``max_spans`` ranges (a backfill) become one from the
+    first to the last."""
+    spans: list[tuple[int, int]] = []
+    for minute in sorted(set(minutes)):
+        end = minute + _MINUTE_US
+        if spans and spans[-1][1] == minute:
+            spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((minute, end))
+    if len(spans) > max_spans:
+        return [(spans[0][0], spans[-1][1])]
+    return spans
+
+
+def _utc(micros: int) -> datetime:
+    return datetime.fromtimestamp(micros / 1_000_000, tz=timezone.utc)

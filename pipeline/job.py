@@ -139,11 +139,11 @@ class Pipeline:
     def checkpoint(self, query: str) -> str:
         return os.path.join(self.settings.checkpoint_root, query)
 
-    def _writer(self, df: DataFrame, name: str) -> DataStreamWriter:
+    def _writer(self, df: DataFrame, name: str, interval: str | None = None) -> DataStreamWriter:
         writer = df.writeStream.queryName(name).option("checkpointLocation", self.checkpoint(name))
         if self.settings.trigger == "available_now":
             return writer.trigger(availableNow=True)
-        return writer.trigger(processingTime=self.settings.trigger_interval)
+        return writer.trigger(processingTime=interval or self.settings.trigger_interval)
 
     def start_ingest(self) -> StreamingQuery:
         s = self.settings
@@ -175,7 +175,8 @@ class Pipeline:
     def start_firmware_ingest(self) -> StreamingQuery:
         writer = FirmwareIngestWriter(self.settings.lake_root, self.settings.app_id)
         raw = kafka_source(self.spark, self.settings, topic=self.settings.firmware_topic)
-        query = self._writer(raw, FIRMWARE_INGEST).foreachBatch(writer).start()
+        interval = self.settings.firmware_trigger_interval
+        query = self._writer(raw, FIRMWARE_INGEST, interval).foreachBatch(writer).start()
         self.queries.append(query)
         return query
 
@@ -193,7 +194,8 @@ class Pipeline:
             watermark=s.watermark,
         )  # fmt: skip
         writer = TamperBatchWriter(s.lake_root, s.window)
-        query = self._writer(unauthorized, FIRMWARE).foreachBatch(writer).start()
+        interval = s.firmware_trigger_interval
+        query = self._writer(unauthorized, FIRMWARE, interval).foreachBatch(writer).start()
         self.queries.append(query)
         return query
 

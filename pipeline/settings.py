@@ -47,6 +47,11 @@ class PipelineSettings(CommonSettings):
         default="processing", description="processing: live micro-batches; available_now: catch up"
     )
     trigger_interval: str = Field(default="1 second", description="processingTime interval")
+    firmware_trigger_interval: str = Field(
+        default="30 seconds",
+        description="processingTime interval of the firmware check; its alerts wait for the "
+        "watermark anyway, so a slower trigger leaves the cores to ingest and detection",
+    )
     window: str = Field(default="10 minutes", description="Sliding window length")
     slide: str = Field(
         default="5 minutes",
@@ -90,6 +95,7 @@ class PipelineSettings(CommonSettings):
 
     @field_validator(
         "trigger_interval",
+        "firmware_trigger_interval",
         "window",
         "slide",
         "watermark",

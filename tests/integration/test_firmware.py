@@ -49,6 +49,7 @@ def test_tamper_alert_only_without_an_authorized_update(
         lake_root=lake, checkpoint_root=str(tmp_path / "cp"), bootstrap_servers=bootstrap,
         topic=topic, firmware_topic=updates_topic, window="10 minutes", slide="5 minutes",
         watermark="5 minutes", mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
+        firmware_trigger_interval="1 second",
     )  # fmt: skip
     pipeline = job.start(spark, settings)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -54,14 +55,15 @@ def simulate(
     start_time: datetime,
     folder: Path,
 ) -> tuple[Path, pd.DataFrame]:
-    """Generate ``hours`` of a ``devices`` fleet with every fraud scenario into ``folder``.
+    """Generate ``hours`` of a ``devices`` fleet with every fraud scenario into ``folder``, then
+    a quiet tail (``scenario_max_s``) in which the injections still running end.
 
     Writes the registry (a Delta table under ``folder/lake``) and the telemetry (JSON lines
     under ``folder/landing``); returns the lake root and the ground truth.
     """
     from simulator.registry import build_registry, write_registry
     from simulator.settings import SimulatorSettings
-    from simulator.telemetry import Simulation, write_jsonl
+    from simulator.telemetry import Batch, Simulation, write_jsonl
 
     if folder.exists():
         shutil.rmtree(folder)
@@ -78,7 +80,15 @@ def simulate(
         write_ground_truth=False,
     )
     sim = Simulation(settings, registry, start_time=start_time, run_id=f"history-{seed}")
-    files = write_jsonl(sim.batches(sim_seconds=hours * 3600), folder / "landing")
+
+    def batches() -> Iterator[Batch]:
+        yield from sim.batches(sim_seconds=hours * 3600)
+        # A quiet tail with no new injection: those still running end inside the history, so
+        # none is cut short (a replay cut before its first copy cannot be detected at all).
+        sim.settings = settings.model_copy(update={"scenarios": []})
+        yield from sim.batches(sim_seconds=settings.scenario_max_s)
+
+    files = write_jsonl(batches(), folder / "landing")
     truth = pd.DataFrame([row.as_dict() for row in sim.finish()],
                          columns=c.column_names(c.GROUND_TRUTH_COLUMNS))  # fmt: skip
     log.info("simulated %.1f h of %d devices (seed %d): %d files, %d injections",

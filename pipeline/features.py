@@ -122,9 +122,12 @@ def _window_aggregates() -> list[Column]:
         F.first("expected_firmware", ignorenulls=True).alias("expected_firmware"),
         F.max(F.col("registered").cast("int")).cast("boolean").alias("registered"),
     ]
+    minutes = F.col("event_time").cast("double") / 60.0
     for metric in c.METRICS:
         for stat, func in STAT_FUNCS.items():
             aggs.append(func(F.col(metric)).alias(f"{metric}_{stat}"))
+        # Least-squares trend in units per minute: a drift is steady where noise is not.
+        aggs.append(F.regr_slope(F.col(metric), over_valid(minutes)).alias(f"{metric}_slope"))
     return aggs
 
 
@@ -139,9 +142,9 @@ def window_features(
 
     Input: ``event_measures`` output (``device_id``, ``event_time``, metrics, ``is_duplicate``,
     ``distance_km``, ...). Output: one row per (device_id, window_start) with counts and rates,
-    mean/std/min/max per metric, sequence gaps, duplicates, distance from site, implied speed,
-    power ratio and firmware mismatches. Safe on a stream when ``watermark`` is given (late rows
-    beyond it are dropped and counted by Spark).
+    mean/std/min/max and trend (``<metric>_slope``, units per minute) per metric, sequence gaps,
+    duplicates, distance from site, implied speed, power ratio and firmware mismatches. Safe on a
+    stream when ``watermark`` is given (late rows beyond it are dropped and counted by Spark).
     """
     if watermark:
         events = events.withWatermark("event_time", watermark)

@@ -8,7 +8,14 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from models.evaluation import AMBIGUOUS, CLEAN, evaluate, false_alerts_per_10k, window_labels
+from models.evaluation import (
+    AMBIGUOUS,
+    CLEAN,
+    evaluate,
+    false_alerts_per_10k,
+    missed,
+    window_labels,
+)
 
 T0 = datetime(2026, 1, 5, 10, 0, tzinfo=timezone.utc)
 
@@ -104,3 +111,10 @@ def test_window_labels_need_enough_overlap() -> None:
     assert labels.tolist() == ["tampering", AMBIGUOUS, CLEAN, CLEAN]
     alerts = pd.DataFrame({"window_label": ["tampering", CLEAN]})
     assert false_alerts_per_10k(alerts, labels) == (1, 2, 5000.0)
+
+
+def test_missed_lists_the_fraud_injections_no_alert_of_their_types_caught() -> None:
+    missed_ = missed(ALERTS, TRUTH)
+    assert list(zip(missed_["device_id"], missed_["scenario"], strict=True)) == [
+        ("m2", "tampering")
+    ]

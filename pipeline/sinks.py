@@ -79,7 +79,8 @@ def upsert(
     """MERGE ``df`` into the table on ``keys``: update what matches, insert the rest.
 
     Repeating the same MERGE leaves the table unchanged, so a replayed micro-batch is harmless.
-    The table is created from ``df``'s schema on first use. ``prune_on`` names a key column
+    The table is created from ``df``'s schema on first use, and columns ``df`` has that the
+    table lacks (features added by an upgrade) are added to it. ``prune_on`` names a key column
     whose lower bound in ``df`` limits the target files read (see ``lower_bound``).
     """
     if not DeltaTable.isDeltaTable(spark, path):
@@ -91,6 +92,7 @@ def upsert(
         DeltaTable.forPath(spark, path)
         .alias("t")
         .merge(df.alias("s"), condition)
+        .withSchemaEvolution()
         .whenMatchedUpdateAll()
         .whenNotMatchedInsertAll()
         .execute()

@@ -1,12 +1,12 @@
-"""Idempotent Delta appends on the real Delta sink: a replayed batch lands once, an empty one
-commits nothing."""
+"""Delta writes on the real Delta sink: a replayed append lands once, an empty one commits nothing,
+and an upsert takes new feature columns into an existing table."""
 
 from __future__ import annotations
 
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from pipeline.sinks import idempotent_append
+from pipeline.sinks import idempotent_append, upsert
 
 
 def versions(spark: SparkSession, path: str) -> int:
@@ -33,3 +33,22 @@ def test_a_replayed_append_lands_once_and_an_empty_one_commits_nothing(
     idempotent_append(rows, path, "app-telemetry", 1)  # older than a committed version
     assert spark.read.format("delta").load(path).count() == 3
     assert versions(spark, path) == 2
+
+
+def test_an_upsert_adds_new_feature_columns_to_an_existing_table(
+    spark: SparkSession, lake: str
+) -> None:
+    path = f"{lake}/features"
+    old = spark.createDataFrame([("d1", 1, 10.0)], "device_id string, w long, power_mean double")
+    upsert(spark, old, path, ["device_id", "w"])
+    # An upgrade adds a feature: the next batch carries a column the table does not have.
+    new = spark.createDataFrame(
+        [("d1", 1, 11.0, 0.5), ("d2", 1, 20.0, -0.1)],
+        "device_id string, w long, power_mean double, power_slope double",
+    )
+    upsert(spark, new, path, ["device_id", "w"], prune_on="w")
+    rows = {r.device_id: r for r in spark.read.format("delta").load(path).collect()}
+    assert (rows["d1"].power_mean, rows["d1"].power_slope) == (11.0, 0.5)
+    assert (rows["d2"].power_mean, rows["d2"].power_slope) == (20.0, -0.1)
+    upsert(spark, new, path, ["device_id", "w"])  # replayed: nothing changes
+    assert spark.read.format("delta").load(path).count() == 2

@@ -71,24 +71,14 @@ def evaluate(
     window_end, last_event_time. ``truth``: device_id, scenario, start_time, end_time.
     ``feedback``: alert_id, verdict (the latest per alert is used).
     """
-    alerts = alerts.reset_index(drop=True).copy()
-    truth = truth[truth["scenario"].isin(scenarios)].reset_index(drop=True).copy()
-    for frame, columns in ((alerts, ("window_start", "window_end", "last_event_time")),
-                           (truth, ("start_time", "end_time"))):  # fmt: skip
-        for name in columns:
-            frame[name] = _utc(frame[name])
+    alerts, truth, pairs, wanted = _overlaps(alerts, truth, scenarios)
     verdict = pd.Series(None, index=alerts.index, dtype="object")
     if feedback is not None and not feedback.empty and "alert_id" in alerts:
         latest = feedback.sort_values("created_at").groupby("alert_id")["verdict"].last()
         verdict = alerts["alert_id"].map(latest)
-    pairs = _pairs(alerts, truth)
-    wanted = [
-        alert_type in c.SCENARIO_ALERT_TYPES.get(scenario, ())
-        for alert_type, scenario in zip(pairs["alert_type"], pairs["scenario"], strict=True)
-    ]
     rejected = set(alerts.index[verdict == "false_positive"])
     confirmed = set(alerts.index[verdict == "true_positive"])
-    matches = pairs[np.asarray(wanted, dtype=bool) & ~pairs["alert_row"].isin(rejected)]
+    matches = pairs[wanted & ~pairs["alert_row"].isin(rejected)]
     false_rows = (set(alerts.index) - set(pairs["alert_row"]) - confirmed) | rejected
 
     rows = []
@@ -130,19 +120,33 @@ def missed(
 ) -> pd.DataFrame:
     """The injections of ``scenarios`` that no alert of their scenario's types overlaps (the
     recall misses of ``evaluate``), as rows of ``truth``."""
+    _, truth, pairs, wanted = _overlaps(alerts, truth, scenarios)
+    found = set(pairs.loc[wanted, "injection_row"])
+    return truth[~truth.index.isin(found)]
+
+
+def _overlaps(
+    alerts: pd.DataFrame, truth: pd.DataFrame, scenarios: Sequence[str]
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, np.ndarray]:
+    """``alerts`` and the injections of ``scenarios`` renumbered from 0 with UTC times, the
+    pairs of them that overlap on a device (``_pairs``), and which pairs have an alert type of
+    the injection's scenario."""
     alerts = alerts.reset_index(drop=True).copy()
     truth = truth[truth["scenario"].isin(scenarios)].reset_index(drop=True).copy()
-    for name in ("window_start", "window_end"):
-        alerts[name] = _utc(alerts[name])
-    for name in ("start_time", "end_time"):
-        truth[name] = _utc(truth[name])
+    for frame, columns in ((alerts, ("window_start", "window_end", "last_event_time")),
+                           (truth, ("start_time", "end_time"))):  # fmt: skip
+        for name in columns:
+            if name in frame:
+                frame[name] = _utc(frame[name])
     pairs = _pairs(alerts, truth)
-    wanted = [
-        alert_type in c.SCENARIO_ALERT_TYPES.get(scenario, ())
-        for alert_type, scenario in zip(pairs["alert_type"], pairs["scenario"], strict=True)
-    ]
-    found = set(pairs.loc[np.asarray(wanted, dtype=bool), "injection_row"])
-    return truth[~truth.index.isin(found)]
+    wanted = np.asarray(
+        [
+            alert_type in c.SCENARIO_ALERT_TYPES.get(scenario, ())
+            for alert_type, scenario in zip(pairs["alert_type"], pairs["scenario"], strict=True)
+        ],
+        dtype=bool,
+    )
+    return alerts, truth, pairs, wanted
 
 
 def window_labels(windows: pd.DataFrame, truth: pd.DataFrame, min_overlap_s: float) -> pd.Series:

@@ -10,6 +10,9 @@ PARTITION = "partition"
 OFFSET = "offset"
 TIMESTAMP = "timestamp"
 
+# Where a bronze row came from (telemetry and quarantine columns), in copy order.
+BRONZE_COORDS = ("kafka_topic", "kafka_partition", "kafka_offset")
+
 # Parsing
 REASON = "reason"
 DETAIL = "detail"

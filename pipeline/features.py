@@ -7,11 +7,12 @@
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from infra import contract as c
 from pipeline import columns as col
+from pipeline.transforms import copy_rank
 
 EARTH_RADIUS_KM = 6371.0
 # Metrics whose statistics the detectors and the model read.
@@ -45,10 +46,7 @@ def batch_feature_input(events: DataFrame) -> DataFrame:
 
     Input: ``valid_events`` output. Not for streams (the stream dedups at ingest).
     """
-    order = Window.partitionBy("event_id", "event_time").orderBy(
-        "kafka_topic", "kafka_partition", "kafka_offset"
-    )
-    ranked = events.withColumn("_copy", F.row_number().over(order))
+    ranked = events.withColumn("_copy", copy_rank(col.BRONZE_COORDS))
     firsts = feature_events(ranked.where(F.col("_copy") == 1), duplicates=False)
     return firsts.unionByName(feature_events(ranked.where(F.col("_copy") > 1), duplicates=True))
 

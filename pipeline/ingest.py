@@ -27,7 +27,6 @@ from pipeline.transforms import mark_first_copies, quarantined, valid_events
 
 log = logging.getLogger(__name__)
 
-_COORDS = ["kafka_topic", "kafka_partition", "kafka_offset"]
 # More separate event-time ranges than this in one batch (a backfill) are looked up as one.
 _MAX_LOOKUP_SPANS = 32
 _MINUTE_US = 60_000_000
@@ -88,10 +87,10 @@ class IngestBatchWriter:
             for row in spark.read.format("delta")
             .load(telemetry_path)
             .where(self.lookup_range(firsts))
-            .select("event_id", "event_time", *_COORDS)
+            .select("event_id", "event_time", *col.BRONZE_COORDS)
             .join(F.broadcast(firsts.select("event_id", "event_time")),
                   ["event_id", "event_time"], "left_semi")
-            .join(F.broadcast(firsts), ["event_id", *_COORDS], "left_anti")
+            .join(F.broadcast(firsts), ["event_id", *col.BRONZE_COORDS], "left_anti")
             .select("event_id", F.unix_micros("event_time").alias("micros"))
             .distinct()
             .collect()

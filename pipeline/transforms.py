@@ -6,6 +6,8 @@ the same on a stream, in ``foreachBatch`` and on static test data.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
@@ -204,8 +206,13 @@ def mark_first_copies(parsed: DataFrame) -> DataFrame:
     A batch transform (a window over the rows); use it inside ``foreachBatch``, not on a stream.
     """
     valid = F.col(col.REASON).isNull()
-    # Invalid rows share the window with valid copies of their event_id but never come first.
-    order = Window.partitionBy("event_id", "event_time", valid).orderBy(
-        col.TOPIC, col.PARTITION, col.OFFSET
-    )
-    return parsed.withColumn("is_first", F.when(valid, F.row_number().over(order) == 1))
+    # Invalid rows are ranked apart from the valid copies of their event and never come first.
+    first = copy_rank([col.TOPIC, col.PARTITION, col.OFFSET], valid) == 1
+    return parsed.withColumn("is_first", F.when(valid, first))
+
+
+def copy_rank(coordinates: Sequence[str], *among: Column) -> Column:
+    """A row's place among the copies of its event (same event_id and event_time, and the same
+    values of ``among``), in order of its source ``coordinates``: 1 is the original."""
+    order = Window.partitionBy("event_id", "event_time", *among).orderBy(*coordinates)
+    return F.row_number().over(order)

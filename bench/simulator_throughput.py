@@ -22,9 +22,8 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
-from infra.kafka import KafkaBroker
-from infra.ports import free_port
-from infra.settings import StackSettings
+from bench_broker import bench_broker
+
 from simulator.producer import ensure_topic, run_simulation
 from simulator.registry import build_registry
 from simulator.settings import SimulatorSettings
@@ -49,53 +48,40 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=6)
     args = parser.parse_args()
 
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    broker = None
-    with tempfile.TemporaryDirectory(prefix="simbench-") as tmp:
-        if not bootstrap:
-            broker = KafkaBroker(
-                home=Path(tmp) / "kafka",
-                cache_dir=StackSettings().cache_dir,
-                port=free_port(),
-                controller_port=free_port(),
-                heap="1g",
-            )
-            broker.start(timeout_s=90)
-            bootstrap = broker.bootstrap_servers
-        try:
-            topic = f"bench.sim.{uuid.uuid4().hex[:8]}"
-            settings = SimulatorSettings(
-                devices=args.devices,
-                accelerate=0,
-                duration=args.seconds,
-                bootstrap_servers=bootstrap,
-                topic=topic,
-                lake_root=str(Path(tmp) / "lake"),
-                partitions=args.partitions,
-                start_time=datetime(2026, 1, 5, tzinfo=timezone.utc),
-            )
-            ensure_topic(
-                {"bootstrap.servers": bootstrap},
-                topic,
-                args.partitions,
-                settings.replication_factor,
-            )
-            registry = build_registry(settings.devices, settings.seed)
-            sim = Simulation(settings, registry)
-            stats = run_simulation(settings, sim, stop=threading.Event())
-            total = stats.elapsed_s + stats.flush_s  # delivered means acknowledged: flush counts
-            print(
-                f"simulator -> kafka: {stats.delivered:,} events delivered in {total:.1f} s = "
-                f"{stats.delivered / total:,.0f} events/s (failures {stats.failures}, "
-                f"devices {settings.devices:,}, injections {stats.injections}, "
-                f"all {len(settings.scenarios)} scenarios on)"
-            )
-            rate = generation_only(settings, min(args.seconds, 10.0))
-            print(f"generation + JSON encoding only: {rate:,.0f} events/s")
-            print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-        finally:
-            if broker is not None:
-                broker.stop()
+    with (
+        tempfile.TemporaryDirectory(prefix="simbench-") as tmp,
+        bench_broker(Path(tmp) / "kafka") as bootstrap,
+    ):
+        topic = f"bench.sim.{uuid.uuid4().hex[:8]}"
+        settings = SimulatorSettings(
+            devices=args.devices,
+            accelerate=0,
+            duration=args.seconds,
+            bootstrap_servers=bootstrap,
+            topic=topic,
+            lake_root=str(Path(tmp) / "lake"),
+            partitions=args.partitions,
+            start_time=datetime(2026, 1, 5, tzinfo=timezone.utc),
+        )
+        ensure_topic(
+            {"bootstrap.servers": bootstrap},
+            topic,
+            args.partitions,
+            settings.replication_factor,
+        )
+        registry = build_registry(settings.devices, settings.seed)
+        sim = Simulation(settings, registry)
+        stats = run_simulation(settings, sim, stop=threading.Event())
+        total = stats.elapsed_s + stats.flush_s  # delivered means acknowledged: flush counts
+        print(
+            f"simulator -> kafka: {stats.delivered:,} events delivered in {total:.1f} s = "
+            f"{stats.delivered / total:,.0f} events/s (failures {stats.failures}, "
+            f"devices {settings.devices:,}, injections {stats.injections}, "
+            f"all {len(settings.scenarios)} scenarios on)"
+        )
+        rate = generation_only(settings, min(args.seconds, 10.0))
+        print(f"generation + JSON encoding only: {rate:,.0f} events/s")
+        print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     return 0
 
 

@@ -77,8 +77,9 @@ def empty_events() -> Events:
     )
 
 
-def _digits(x: np.ndarray, width: int) -> np.ndarray:
-    """Zero-padded decimal digits (ASCII) of non-negative ints as ``(n, width)`` uint8.
+def _digits(x: np.ndarray, width: int, spaces: np.ndarray | None = None) -> np.ndarray:
+    """Zero-padded decimal digits (ASCII) of non-negative ints as ``(n, width)`` uint8; with
+    ``spaces``, that many leading digits of each row are spaces instead.
 
     Built digit-major (one contiguous row per digit) and returned transposed: writing columns
     of a row-major matrix is several times slower.
@@ -89,6 +90,9 @@ def _digits(x: np.ndarray, width: int) -> np.ndarray:
         out[j] = x - q * 10
         x = q
     out += _ZERO
+    if spaces is not None:
+        for j in range(int(spaces.max(initial=0))):
+            np.copyto(out[j], _SPACE, where=spaces > j)
     return out.T
 
 
@@ -105,14 +109,14 @@ def fixed_point(values: np.ndarray, decimals: int) -> np.ndarray:
     if top < 2**31:
         x = x.astype(np.int32)  # int32 division is about twice as fast
     width_digits = max(len(str(top)), decimals + 1)
-    digits = _digits(x, width_digits)
     width_int = width_digits - decimals
-    lead = np.zeros(n, dtype=np.int64)
+    # Leading zeros of the integer part become spaces: ``lead`` of them, found by comparing
+    # with powers of ten (a cumulative product over the digit columns was 3x slower).
+    lead = np.zeros(n, dtype=np.intp)
     if width_int > 1:
-        head = digits[:, : width_int - 1]
-        zeros = np.cumprod(head == _ZERO, axis=1).astype(bool)
-        head[zeros] = _SPACE
-        lead = zeros.sum(axis=1)
+        powers = 10 ** np.arange(decimals + 1, width_digits, dtype=np.int64)
+        lead = (width_int - 1) - np.searchsorted(powers, x, side="right")
+    digits = _digits(x, width_digits, spaces=lead)
     sign = int(negative.any())
     out = np.full((n, sign + width_digits + (1 if decimals else 0)), _SPACE, dtype=np.uint8)
     out[:, sign : sign + width_int] = digits[:, :width_int]

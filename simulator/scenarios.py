@@ -66,6 +66,8 @@ _MODIFIERS: dict[str, tuple[tuple[str, str, float, float], ...]] = {
         ("voltage_v", "ramp", 1.5, 3.0),
     ),
 }
+# Scenarios that add messages of their own: the device's readings stay genuine and untagged.
+EXTRA_MESSAGES = ("replay", "malformed")
 _POWERED = tuple(t for t, sensors in c.DEVICE_TYPES.items() if "power_w" in sensors)
 
 
@@ -176,10 +178,11 @@ def apply_values(inj: Injection, events: Events, power_factor: np.ndarray, own: 
     does not grow with the batch; ``power_factor`` is each event's true power factor, so power
     can follow a changed current or voltage.
     """
-    clone = own[events.clone[own] == inj.params.get("index", -2)]
+    s = inj.scenario
+    if s in EXTRA_MESSAGES:
+        return
     idx = own[inj.window(events.t[own]) & (events.clone[own] < 0)]
     p = inj.params
-    s = inj.scenario
     m = events.metrics
     if s in ("spike", "dip", "drift"):
         col = METRIC_INDEX[p["metric"]]
@@ -203,6 +206,7 @@ def apply_values(inj: Injection, events: Events, power_factor: np.ndarray, own: 
         events.lat[idx] += p["dlat"]
         events.lon[idx] += p["dlon"]
     elif s == "cloned_device":
+        clone = own[events.clone[own] == p["index"]]
         events.lat[clone] += p["dlat"]
         events.lon[clone] += p["dlon"]
         idx = np.concatenate([idx, clone])
@@ -210,9 +214,6 @@ def apply_values(inj: Injection, events: Events, power_factor: np.ndarray, own: 
         events.firmware[idx] = p["firmware_code"]
     elif s == "clock_skew":
         events.t_event[idx] += p["skew_s"]
-    elif s in ("replay", "malformed"):
-        # The device's own readings are genuine; only the extra messages carry the tag.
-        return
     events.tag[idx] = inj.code
 
 

@@ -35,8 +35,6 @@ NUMERIC_FEATURES = (
     "event_count", "events_per_min", "duplicate_count", "seq_gap_count", "seq_excess_count",
     "power_ratio_mean", "power_ratio_min", "max_distance_km", "spread_km",
 )  # fmt: skip
-# The model's input: what the pipeline passes per window (its signature, in this order).
-INPUT_COLUMNS = ("device_type", *NUMERIC_FEATURES)
 # Window statistics compared with the device type's normal (robust z-scores). Not the battery:
 # a tracker's recharge is a legitimate jump of most of its range.
 Z_FEATURES = (
@@ -61,18 +59,20 @@ def _with_ranges(frame: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass
 class Baseline:
-    """Median and scale of each Z_FEATURE per device type (the unsupervised part)."""
+    """Median and scale of each z feature per device type (the unsupervised part)."""
 
     median: dict[str, dict[str, float]] = field(default_factory=dict)
     scale: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The features it was fitted on: a later release may compare others.
+    features: tuple[str, ...] = Z_FEATURES
 
     @classmethod
     def fit(cls, frame: pd.DataFrame) -> Baseline:
         frame = _with_ranges(frame)
         baseline = cls()
         for device_type, group in frame.groupby("device_type"):
-            med = group[list(Z_FEATURES)].median()
-            mad = (group[list(Z_FEATURES)] - med).abs().median() * _MAD_TO_SIGMA
+            med = group[list(baseline.features)].median()
+            mad = (group[list(baseline.features)] - med).abs().median() * _MAD_TO_SIGMA
             # A floor on the scale: a feature constant across a type must not divide by ~0.
             floor = (0.05 * med.abs()).clip(lower=0.01)
             scale = mad.where(mad > floor, floor)
@@ -82,27 +82,35 @@ class Baseline:
 
     def z_scores(self, frame: pd.DataFrame) -> pd.DataFrame:
         frame = _with_ranges(frame)
+        features = list(self.features)
         med = pd.DataFrame([self.median.get(t, {}) for t in frame["device_type"]],
-                           index=frame.index, columns=list(Z_FEATURES))  # fmt: skip
+                           index=frame.index, columns=features)  # fmt: skip
         scale = pd.DataFrame([self.scale.get(t, {}) for t in frame["device_type"]],
-                             index=frame.index, columns=list(Z_FEATURES))  # fmt: skip
-        z = (frame[list(Z_FEATURES)].astype(float) - med) / scale
+                             index=frame.index, columns=features)  # fmt: skip
+        z = (frame[features].astype(float) - med) / scale
         return z.add_prefix("z_")
 
 
 @dataclass
 class Detector:
-    """The fitted detector; ``score`` maps INPUT_COLUMNS rows to [0, 1] (alert at >= 0.5)."""
+    """The fitted detector; ``score`` maps ``input_columns`` rows to [0, 1] (alert at >= 0.5)."""
 
     baseline: Baseline
     classifier: Any
     device_types: tuple[str, ...]
     p_threshold: float = 1.0
     z_threshold: float = float("inf")
+    # The features it was fitted on (NUMERIC_FEATURES of its release), so a model keeps scoring
+    # after an upgrade adds features, as long as the stream still computes these.
+    numeric_features: tuple[str, ...] = NUMERIC_FEATURES
+
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        return ("device_type", *self.numeric_features)
 
     def design(self, frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
         """The classifier's matrix (features, z-scores, device type one-hot) and max |z|."""
-        numeric = frame[list(NUMERIC_FEATURES)].astype(float)
+        numeric = frame[list(self.numeric_features)].astype(float)
         z = self.baseline.z_scores(frame)
         types = pd.DataFrame({f"type_{t}": (frame["device_type"] == t).astype(float)
                               for t in self.device_types}, index=frame.index)  # fmt: skip

@@ -15,13 +15,14 @@ import mlflow
 import numpy as np
 import pandas as pd
 
-from models.detector import ALERT_THRESHOLD, INPUT_COLUMNS, Detector
+from models.detector import ALERT_THRESHOLD, Detector
 
 ARTIFACT = "detector"
 
 
 class DetectorModel(mlflow.pyfunc.PythonModel):  # type: ignore[misc,name-defined]
-    """Scores window-feature rows (INPUT_COLUMNS) in [0, 1]; alert at ``metadata.threshold``."""
+    """Scores window-feature rows (the detector's input columns) in [0, 1]; alert at
+    ``metadata.threshold``."""
 
     detector: Detector
 
@@ -30,7 +31,7 @@ class DetectorModel(mlflow.pyfunc.PythonModel):  # type: ignore[misc,name-define
             self.detector = pickle.load(handle)
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: Any = None) -> np.ndarray:
-        return self.detector.score(model_input[list(INPUT_COLUMNS)])
+        return self.detector.score(model_input[list(self.detector.input_columns)])
 
 
 def _requirements() -> list[str]:
@@ -50,8 +51,9 @@ def log_detector(
     path = folder / "detector.pkl"
     with open(path, "wb") as handle:
         pickle.dump(detector, handle)
-    example = example[list(INPUT_COLUMNS)].head(5).reset_index(drop=True)
-    example = example.astype({name: "float64" for name in INPUT_COLUMNS[1:]})
+    columns = list(detector.input_columns)
+    example = example[columns].head(5).reset_index(drop=True)
+    example = example.astype({name: "float64" for name in columns[1:]})
     # Every input optional: a rogue device has no device_type, a tracker no power readings.
     inferred = infer_signature(example, detector.score(example))
     inputs = Schema([

@@ -140,7 +140,8 @@ def fit_detector(history: History, settings: ModelSettings) -> tuple[Detector, n
 
 
 def champion_score(tracking_uri: str, name: str, holdout: History) -> registry.Score | None:
-    """The current champion scored on ``holdout`` with its own threshold, or None."""
+    """The current champion scored on ``holdout`` with its own threshold; None when there is no
+    champion or it cannot score these windows (registered by a release with other features)."""
     import mlflow
 
     version = registry.alias_version(registry.client(tracking_uri), name, registry.CHAMPION)
@@ -151,8 +152,13 @@ def champion_score(tracking_uri: str, name: str, holdout: History) -> registry.S
     threshold = float((model.metadata.metadata or {}).get("threshold", 0.5))
     schema = model.metadata.get_input_schema()
     numbers = {spec.name: "float64" for spec in schema.inputs if spec.type.name == "double"}
-    frame = holdout.features[schema.input_names()].astype(numbers)
-    scores = np.asarray(model.predict(frame), dtype=float)
+    try:
+        frame = holdout.features[schema.input_names()].astype(numbers)
+        scores = np.asarray(model.predict(frame), dtype=float)
+    except Exception as error:  # e.g. registered by a release with other features
+        log.warning("champion %s cannot score the current features (%r): it does not count "
+                    "against the candidate", uri, error)  # fmt: skip
+        return None
     metrics = model_score(scores, holdout.labels, threshold)
     return registry.Score(metrics["model_f1"], metrics["model_pr_auc"])
 

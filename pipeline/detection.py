@@ -70,7 +70,7 @@ class FeaturesBatchWriter:
         alerts = rule_alerts(windows, self.thresholds).withColumns(
             {"model_name": F.lit(None).cast("string"), "model_version": F.lit(None).cast("string")}
         )
-        model = self.scorer.current(spark) if self.scorer else None
+        model = self.scorer.current(spark, windows.columns) if self.scorer else None
         if model is not None:
             alerts = alerts.unionByName(model_alerts(windows, model))
         alerts = alerts.withColumns(

@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
-from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from infra import contract as c
 from infra import lake
@@ -139,65 +139,70 @@ class Pipeline:
     def checkpoint(self, query: str) -> str:
         return os.path.join(self.settings.checkpoint_root, query)
 
-    def _writer(self, df: DataFrame, name: str, interval: str | None = None) -> DataStreamWriter:
+    def _start(
+        self,
+        df: DataFrame,
+        name: str,
+        batch_writer: Callable[[DataFrame, int], None],
+        *,
+        interval: str | None = None,
+        output_mode: str = "append",
+    ) -> StreamingQuery:
+        """Start ``df`` as query ``name``: its own checkpoint, the run's trigger, foreachBatch."""
         writer = df.writeStream.queryName(name).option("checkpointLocation", self.checkpoint(name))
         if self.settings.trigger == "available_now":
-            return writer.trigger(availableNow=True)
-        return writer.trigger(processingTime=interval or self.settings.trigger_interval)
-
-    def start_ingest(self) -> StreamingQuery:
-        s = self.settings
-        writer = IngestBatchWriter(s.lake_root, s.app_id, s.dedup_horizon)
-        parsed = parse_events(raw_source(self.spark, s), max_clock_ahead=s.max_clock_ahead)
-        query = self._writer(parsed, INGEST).foreachBatch(writer).start()
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=interval or self.settings.trigger_interval)
+        query = writer.outputMode(output_mode).foreachBatch(batch_writer).start()
         self.queries.append(query)
         return query
 
+    def _table(self, name: str) -> DataFrame:
+        return self.spark.read.format("delta").load(lake.table_path(self.settings.lake_root, name))
+
+    def _stream(self, name: str) -> DataFrame:
+        path = lake.table_path(self.settings.lake_root, name)
+        return self.spark.readStream.format("delta").load(path)
+
+    def start_ingest(self) -> StreamingQuery:
+        s = self.settings
+        parsed = parse_events(raw_source(self.spark, s), max_clock_ahead=s.max_clock_ahead)
+        writer = IngestBatchWriter(s.lake_root, s.app_id, s.dedup_horizon)
+        return self._start(parsed, INGEST, writer)
+
     def start_features(self) -> StreamingQuery:
         s = self.settings
-        devices = self.spark.read.format("delta").load(lake.table_path(s.lake_root, lake.DEVICES))
         features = features_from_events(
             feature_input(self.spark, s.lake_root),
-            devices,
+            self._table(lake.DEVICES),
             window=s.window,
             slide=s.slide,
             watermark=s.watermark,
         )
         writer = FeaturesBatchWriter(s.lake_root, self.scorer)
-        query = self._writer(features, FEATURES).outputMode("update").foreachBatch(writer).start()
-        self.queries.append(query)
-        return query
+        return self._start(features, FEATURES, writer, output_mode="update")
 
     @property
     def checks_firmware(self) -> bool:
         return self.settings.source == "kafka" and bool(self.settings.firmware_topic)
 
     def start_firmware_ingest(self) -> StreamingQuery:
-        writer = FirmwareIngestWriter(self.settings.lake_root, self.settings.app_id)
-        raw = kafka_source(self.spark, self.settings, topic=self.settings.firmware_topic)
-        interval = self.settings.firmware_trigger_interval
-        query = self._writer(raw, FIRMWARE_INGEST, interval).foreachBatch(writer).start()
-        self.queries.append(query)
-        return query
+        s = self.settings
+        raw = kafka_source(self.spark, s, topic=s.firmware_topic)
+        writer = FirmwareIngestWriter(s.lake_root, s.app_id)
+        return self._start(raw, FIRMWARE_INGEST, writer, interval=s.firmware_trigger_interval)
 
     def start_firmware(self) -> StreamingQuery:
         s = self.settings
-        devices = self.spark.read.format("delta").load(lake.table_path(s.lake_root, lake.DEVICES))
-        events = self.spark.readStream.format("delta").load(
-            lake.table_path(s.lake_root, lake.TELEMETRY)
-        )
-        updates = self.spark.readStream.format("delta").load(
-            lake.table_path(s.lake_root, lake.FIRMWARE_UPDATES)
-        )
         unauthorized = unauthorized_changes(
-            firmware_changes(events, devices), updates, grace=s.firmware_grace,
+            firmware_changes(self._stream(lake.TELEMETRY), self._table(lake.DEVICES)),
+            self._stream(lake.FIRMWARE_UPDATES),
+            grace=s.firmware_grace,
             watermark=s.watermark,
-        )  # fmt: skip
+        )
         writer = TamperBatchWriter(s.lake_root, s.window)
-        interval = s.firmware_trigger_interval
-        query = self._writer(unauthorized, FIRMWARE, interval).foreachBatch(writer).start()
-        self.queries.append(query)
-        return query
+        return self._start(unauthorized, FIRMWARE, writer, interval=s.firmware_trigger_interval)
 
     def flush_metrics(self) -> None:
         self.listener.flush(self.spark)
@@ -212,14 +217,19 @@ class Pipeline:
         return [f"{q.name}: {q.exception()}" for q in self.queries if q.exception() is not None]
 
 
-def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
-    """Check the set-up, create missing tables, and start both queries (live mode)."""
+def prepare(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
+    """Check the set-up, create missing tables, register the metrics listener; start nothing."""
     check_locations(settings)
     check_topic(settings)
     ensure_tables(spark, settings.lake_root)
     listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS))
     spark.streams.addListener(listener)
-    pipeline = Pipeline(spark, settings, listener, model_scorer(settings))
+    return Pipeline(spark, settings, listener, model_scorer(settings))
+
+
+def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
+    """Start every query (live mode)."""
+    pipeline = prepare(spark, settings)
     if pipeline.checks_firmware:
         pipeline.start_firmware_ingest()
     pipeline.start_ingest()
@@ -231,13 +241,7 @@ def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
 
 def run_available_now(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
     """Catch up on everything available, one stage after the other, then return."""
-    settings = settings.model_copy(update={"trigger": "available_now"})
-    check_locations(settings)
-    check_topic(settings)
-    ensure_tables(spark, settings.lake_root)
-    listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS))
-    spark.streams.addListener(listener)
-    pipeline = Pipeline(spark, settings, listener, model_scorer(settings))
+    pipeline = prepare(spark, settings.model_copy(update={"trigger": "available_now"}))
     try:
         if pipeline.checks_firmware:
             pipeline.start_firmware_ingest().awaitTermination()
@@ -247,7 +251,7 @@ def run_available_now(spark: SparkSession, settings: PipelineSettings) -> Pipeli
             pipeline.start_firmware().awaitTermination()
     finally:
         pipeline.flush_metrics()
-        spark.streams.removeListener(listener)
+        spark.streams.removeListener(pipeline.listener)
     return pipeline
 
 

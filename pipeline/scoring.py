@@ -7,6 +7,7 @@ only asks the registry which version the alias points to (one small query).
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +34,17 @@ class LoadedModel:
     threshold: float
 
 
+class UnusableModelError(Exception):
+    """The registered version cannot score the stream's windows; the message says why."""
+
+
 class ModelScorer:
-    """Follows ``models:/<name>@<alias>``; ``current`` returns the model to score with, or None."""
+    """Follows ``models:/<name>@<alias>``; ``current`` returns the model to score with, or None.
+
+    A version is trusted only after two checks on the driver: the windows have every input of
+    its signature, and it scores its own input example. One that fails is logged once and
+    skipped (rules only) until the alias moves: a bad registration must not stop the alerts.
+    """
 
     def __init__(self, tracking_uri: str, name: str, alias: str = "champion") -> None:
         self.tracking_uri = tracking_uri
@@ -42,8 +52,10 @@ class ModelScorer:
         self.alias = alias
         self._loaded: LoadedModel | None = None
         self._said_missing = False
+        self._unusable: set[str] = set()
 
-    def current(self, spark: SparkSession) -> LoadedModel | None:
+    def current(self, spark: SparkSession, columns: Collection[str]) -> LoadedModel | None:
+        """The model for a batch whose windows have ``columns``; None means rules only."""
         import mlflow
         from mlflow.exceptions import MlflowException
 
@@ -63,21 +75,45 @@ class ModelScorer:
         self._said_missing = False
         if self._loaded is not None and self._loaded.version == version:
             return self._loaded
+        self._loaded = None
+        if version in self._unusable:
+            return None
+        try:
+            self._loaded = self._load(spark, version, columns)
+        except UnusableModelError as error:
+            log.error(
+                "model %s version %s (alias %s) cannot score the stream: %s. Running rules only "
+                "until the alias moves; retrain with `iotfraud train`.",
+                self.name, version, self.alias, error,
+            )  # fmt: skip
+            self._unusable.add(version)
+        return self._loaded
+
+    def _load(self, spark: SparkSession, version: str, columns: Collection[str]) -> LoadedModel:
+        import mlflow
+
         # Pin the version just looked up: the alias may move again while we load.
         uri = f"models:/{self.name}/{version}"
         info = mlflow.models.get_model_info(uri)
-        signature = info.signature
-        if signature is None:
-            raise ValueError(f"model {uri} has no signature; register it with one")
+        if info.signature is None:
+            raise UnusableModelError("it has no signature (register it with one)")
         inputs = tuple(
             (spec.name, _SPARK_TYPES.get(spec.type.name, "double"))
-            for spec in signature.inputs.inputs
+            for spec in info.signature.inputs.inputs
         )
+        missing = [name for name, _ in inputs if name not in columns]
+        if missing:
+            raise UnusableModelError(f"the windows lack its inputs {missing}")
+        driver_model = mlflow.pyfunc.load_model(uri)
+        if driver_model.input_example is not None:
+            try:
+                driver_model.predict(driver_model.input_example)
+            except Exception as error:  # whatever the model raises, the stream goes on
+                raise UnusableModelError(f"it fails on its own input example: {error!r}") from error
         threshold = float((info.metadata or {}).get("threshold", DEFAULT_THRESHOLD))
         udf = mlflow.pyfunc.spark_udf(spark, uri, result_type="double", env_manager="local")
         log.info("scoring with %s version %s (threshold %.3f)", self.name, version, threshold)
-        self._loaded = LoadedModel(self.name, version, udf, inputs, threshold)
-        return self._loaded
+        return LoadedModel(self.name, version, udf, inputs, threshold)
 
 
 def model_alerts(features: DataFrame, model: LoadedModel) -> DataFrame:

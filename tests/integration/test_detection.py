@@ -15,46 +15,17 @@ from pipeline import job
 from pipeline.detection import FeaturesBatchWriter
 from pipeline.scoring import ModelScorer
 from pipeline.settings import PipelineSettings
+from tests.mlflow_helpers import (
+    BUSY_EXAMPLE,
+    MODEL,
+    Broken,
+    BusyWindow,
+    register_busy_window_model,
+    register_model,
+)
 from tests.pipeline_helpers import device_series, encoded, produce, write_registry
 
 pytestmark = pytest.mark.integration
-
-MODEL = "iot-fraud-test"
-
-
-def register_busy_window_model(tracking_uri: str, tmp_path: Path, min_events: float) -> str:
-    """A pyfunc that scores 1.0 for windows with at least ``min_events`` events."""
-    import mlflow
-    import pandas as pd
-    from mlflow.models import infer_signature
-
-    class BusyWindow(mlflow.pyfunc.PythonModel):  # type: ignore[misc]
-        def __init__(self, min_events: float) -> None:
-            self.min_events = min_events
-
-        def predict(self, context: Any, model_input: pd.DataFrame, params: Any = None) -> Any:
-            return (model_input["event_count"] >= self.min_events).astype(float)
-
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_registry_uri(tracking_uri)
-    client = mlflow.MlflowClient()
-    if client.get_experiment_by_name("detect") is None:
-        client.create_experiment("detect", artifact_location=(tmp_path / "art").as_uri())
-    mlflow.set_experiment("detect")
-    example = pd.DataFrame({"event_count": [1.0, 30.0], "voltage_v_mean": [230.0, 231.0]})
-    model = BusyWindow(min_events)
-    with mlflow.start_run():
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=model,
-            signature=infer_signature(example, model.predict(None, example)),
-            input_example=example,
-            registered_model_name=MODEL,
-            metadata={"threshold": 0.5},
-        )
-    version = str(info.registered_model_version)
-    client.set_registered_model_alias(MODEL, "champion", version)
-    return version
 
 
 def test_model_alerts_carry_the_version_and_follow_the_alias(
@@ -131,3 +102,46 @@ def test_replayed_batch_changes_no_alert(spark: Any, lake: str, tmp_path: Path) 
     assert len(before) > 0
     assert sorted(before) == sorted(after)
     assert {a.alert_type for a in after} == {"rogue_device"}  # unregistered: firmware unknown
+
+
+def test_a_model_that_cannot_score_leaves_the_rules_running_and_says_so_once(
+    spark: Any, lake: str, tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from pipeline.features import features_from_events
+    from pipeline.sinks import ensure_tables
+    from tests.unit.pipeline.test_rules import events_df, registry_df
+
+    ensure_tables(spark, lake)
+    start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
+    events = events_df(spark, device_series("rogue", start, 20, firmware="6.6.6"))
+    features = features_from_events(
+        events, registry_df(spark), window="10 minutes", slide="5 minutes"
+    ).localCheckpoint()
+    writer = FeaturesBatchWriter(lake, ModelScorer(mlflow_uri, MODEL))
+
+    def alert_types() -> set[tuple[str, str | None]]:
+        alerts = spark.read.format("delta").load(lake_table(lake, "alerts")).collect()
+        return {(a.alert_type, a.model_version) for a in alerts}
+
+    # A model needing a window statistic the stream does not compute, then one that raises.
+    lacking = register_model(mlflow_uri, tmp_path, BusyWindow(1),
+                             BUSY_EXAMPLE.assign(voltage_v_kurtosis=[0.1, 0.2]))  # fmt: skip
+    writer(features, 1)
+    writer(features, 2)
+    broken = register_model(mlflow_uri, tmp_path, Broken(), BUSY_EXAMPLE)
+    writer(features, 3)
+    writer(features, 4)
+
+    assert alert_types() == {("rogue_device", None)}  # the rules kept alerting
+    errors = [r.getMessage() for r in caplog.records if r.name == "pipeline.scoring"]
+    assert len(errors) == 2, errors  # once per version, not once per batch
+    assert (
+        f"version {lacking} " in errors[0]
+        and "lack its inputs ['voltage_v_kurtosis']" in (errors[0])
+    )
+    assert f"version {broken} " in errors[1] and "power_w_slope" in errors[1]
+
+    # The alias moves to a model that works: the next batch scores with it.
+    good = register_busy_window_model(mlflow_uri, tmp_path, min_events=1)
+    writer(features, 5)
+    assert ("model_anomaly", good) in alert_types()

@@ -7,18 +7,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from pyspark.sql import SparkSession
 
 from models import cli, registry
-from models.dataset import simulated_events
+from models.dataset import History, simulated_events
 from models.settings import ModelSettings
-from models.train import TrainResult, train
+from models.train import TrainResult, champion_score, train
 from pipeline.features import batch_feature_input, features_from_events
 from pipeline.scoring import ModelScorer, model_alerts
+from tests.mlflow_helpers import BUSY_EXAMPLE, Broken, register_model
 
 pytestmark = pytest.mark.integration
-NAME = "iot-fraud-test"
+NAME = "iot-fraud-test"  # the same registered model name as tests.mlflow_helpers.MODEL
 
 
 @dataclass
@@ -67,14 +69,14 @@ def test_training_logs_metrics_and_plots_and_registers_the_champion(trained: Tra
 def test_the_pipeline_scores_windows_with_the_champion_by_alias(
     spark: SparkSession, trained: Trained
 ) -> None:
-    model = ModelScorer(trained.uri, NAME).current(spark)
-    assert model is not None and model.version == trained.first.version
-    assert model.threshold == 0.5
-    assert ("device_type", "string") in model.inputs and ("power_w_mean", "double") in model.inputs
     work = Path(trained.settings.workdir) / "holdout"
     events = batch_feature_input(simulated_events(spark, work / "landing"))
     devices = spark.read.format("delta").load(str(work / "lake" / "devices"))
     features = features_from_events(events, devices)
+    model = ModelScorer(trained.uri, NAME).current(spark, features.columns)
+    assert model is not None and model.version == trained.first.version
+    assert model.threshold == 0.5
+    assert ("device_type", "string") in model.inputs and ("power_w_mean", "double") in model.inputs
     alerts = model_alerts(features, model).collect()
     assert alerts, "the held-out fleet has injected anomalies the model must flag"
     assert {(a.alert_type, a.model_name, a.model_version) for a in alerts} == {
@@ -110,3 +112,15 @@ def test_a_candidate_that_does_not_beat_the_champion_is_the_challenger_and_cli_m
     listing = capsys.readouterr().out
     lines = {line.split()[1]: line for line in listing.splitlines()}
     assert "champion" in lines[f"v{v1}"] and "previous" in lines[f"v{v2}"]
+
+
+def test_a_champion_that_cannot_score_the_current_features_does_not_block_promotion(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    register_model(uri, tmp_path, Broken(), BUSY_EXAMPLE)  # as from an older release
+    features = BUSY_EXAMPLE.assign(label=["clean", "clean"])
+    holdout = History(features, truth=pd.DataFrame(), rule_alerts=pd.DataFrame())
+
+    assert champion_score(uri, NAME, holdout) is None  # so any candidate beats it
+    assert "cannot score the current features" in caplog.text and "power_w_slope" in caplog.text

@@ -30,6 +30,8 @@ def settings_for(lake_root: str, tmp_path: Path, **overrides: Any) -> PipelineSe
         slide="5 minutes",
         watermark="10 minutes",
         firmware_topic="",
+        # An empty store (rules only), not the checkout's local one with whatever model is there.
+        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
         **overrides,
     )
 

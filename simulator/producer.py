@@ -204,24 +204,28 @@ class Sender:
 
 
 def default_start(settings: SimulatorSettings, natural_rate: float, now: datetime) -> datetime:
-    """Start of the simulated clock: given, or so that a fast run with a known end ends near now.
+    """Start of the simulated clock: given, or so that a run with a known end ends when it ends.
 
-    Ending near now keeps event times in the past, where the pipeline accepts them.
+    A run that simulates ``span`` seconds in ``wall`` seconds starts ``span - wall`` before now:
+    the simulated clock catches up with the wall clock at the end, and never runs ahead of it,
+    where the pipeline quarantines events. A real-time run starts now (``span == wall``); an
+    open-ended or as-fast-as-possible one ends near now (its wall time is not known).
     """
     if settings.start_time is not None:
         return settings.start_time
-    span = 0.0
+    span = wall = 0.0
     if settings.rate > 0 and natural_rate > 0:
         if settings.count:
-            span = settings.count / natural_rate
+            span, wall = settings.count / natural_rate, settings.count / settings.rate
         elif settings.duration:
-            span = settings.duration * settings.rate / natural_rate
+            span, wall = settings.duration * settings.rate / natural_rate, settings.duration
     elif settings.accelerate != 1.0:
         if settings.count:
             span = settings.count / max(natural_rate, 1e-9)
+            wall = span / settings.accelerate if settings.accelerate > 0 else 0.0
         elif settings.duration and settings.accelerate > 0:
-            span = settings.duration * settings.accelerate
-    return now - timedelta(seconds=span)
+            span, wall = settings.duration * settings.accelerate, settings.duration
+    return now - timedelta(seconds=max(0.0, span - wall))
 
 
 def run_simulation(

@@ -68,12 +68,23 @@ def test_token_bucket_holds_the_rate() -> None:
     assert 120_000 / clock.now == pytest.approx(1000.0, rel=0.01)
 
 
-def test_fast_runs_end_near_now() -> None:
+def test_runs_with_a_known_end_reach_the_wall_clock_when_they_end() -> None:
     now = datetime(2026, 3, 1, tzinfo=timezone.utc)
     assert default_start(SimulatorSettings(), 50.0, now) == now
+    # 60 s at 3600x simulate 60 h: start 60 h minus the minute the run takes before now.
     fast = SimulatorSettings(accelerate=3600, duration=60)
-    assert default_start(fast, 50.0, now) == now - timedelta(hours=60)
+    assert default_start(fast, 50.0, now) == now - timedelta(hours=60) + timedelta(seconds=60)
+    # 180,000 events at 1,000/s take 180 s and simulate 3,600 s of a fleet sending 50/s.
     counted = SimulatorSettings(rate=1000, count=180_000)
-    assert default_start(counted, 50.0, now) == now - timedelta(seconds=3600)
+    assert default_start(counted, 50.0, now) == now - timedelta(seconds=3600 - 180)
+    # Paced at the fleet's own rate for 30 minutes: a real-time clock, so it starts now (it
+    # started 30 minutes in the past, and a device whose clock ran 20 minutes ahead then passed
+    # the pipeline's clock check and moved the watermark).
+    real_time = SimulatorSettings(rate=50, duration=1800)
+    assert default_start(real_time, 50.0, now) == now
+    slower = SimulatorSettings(rate=25, duration=1800)  # the clock runs at half speed
+    assert default_start(slower, 50.0, now) == now
+    as_fast_as_possible = SimulatorSettings(accelerate=0, count=180_000)
+    assert default_start(as_fast_as_possible, 50.0, now) == now - timedelta(seconds=3600)
     fixed = SimulatorSettings(start_time=datetime(2026, 1, 1))
     assert default_start(fixed, 50.0, now) == datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -68,7 +68,7 @@ class SimulatorSettings(CommonSettings):
     start_time: datetime | None = Field(
         default=None,
         description="Simulated clock start (ISO-8601, UTC if no offset); empty = now, or so that "
-        "an accelerated run with a known duration ends near now",
+        "an accelerated run with a known duration or count reaches the wall clock as it ends",
     )
     partitions: int = Field(
         default=6, ge=1, description="Partitions of the topic when the simulator creates it"

@@ -424,32 +424,26 @@ class Simulation:
         keys: list[bytes] = self.fleet.keys[events.dev].tolist()
         send_times = events.t
         tags = events.tag
-        extra_keys: list[bytes] = []
-        extra_values: list[bytes] = []
-        extra_labels: list[str | None] = []
-        extra_t: list[float] = []
-        extra_tags: list[int] = []
+        # Messages of their own (replays, malformed ones): (injection, send time, key, value,
+        # quarantine label or None).
+        extras: list[tuple[sc.Injection, float, bytes, bytes, str | None]] = []
         malformed: list[sc.Injection] = []
         for inj in self.active:
             if inj.start >= t1 or inj.end <= t0:
                 continue
             if inj.scenario == "replay":
-                for ts, key, value in self._replay(inj, events, values, keys, (t0, t1)):
-                    extra_t.append(ts)
-                    extra_keys.append(key)
-                    extra_values.append(value)
-                    extra_labels.append(None)
-                    extra_tags.append(inj.code)
-                    inj.sent += 1
+                replays = self._replay(inj, events, values, keys, (t0, t1))
+                extras += [(inj, ts, key, value, None) for ts, key, value in replays]
             elif inj.scenario == "malformed":
                 malformed.append(inj)
-        for inj, ts, key, value, reason in self._malformed(malformed, t0, t1):
-            extra_t.append(ts)
-            extra_keys.append(key)
-            extra_values.append(value)
-            extra_labels.append(reason)
-            extra_tags.append(inj.code)
+        extras += self._malformed(malformed, t0, t1)
+        for inj, *_ in extras:
             inj.sent += 1
+        extra_t = [e[1] for e in extras]
+        extra_keys = [e[2] for e in extras]
+        extra_values = [e[3] for e in extras]
+        extra_labels = [e[4] for e in extras]
+        extra_tags = [e[0].code for e in extras]
         labels: dict[int, str] = {}
         if extra_values:
             # The few extra messages are spliced into the time-ordered batch (after the events

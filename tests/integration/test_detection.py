@@ -135,10 +135,8 @@ def test_a_model_that_cannot_score_leaves_the_rules_running_and_says_so_once(
     assert alert_types() == {("rogue_device", None)}  # the rules kept alerting
     errors = [r.getMessage() for r in caplog.records if r.name == "pipeline.scoring"]
     assert len(errors) == 2, errors  # once per version, not once per batch
-    assert (
-        f"version {lacking} " in errors[0]
-        and "lack its inputs ['voltage_v_kurtosis']" in (errors[0])
-    )
+    assert f"version {lacking} " in errors[0]
+    assert "lack its inputs ['voltage_v_kurtosis']" in errors[0]
     assert f"version {broken} " in errors[1] and "power_w_slope" in errors[1]
 
     # The alias moves to a model that works: the next batch scores with it.

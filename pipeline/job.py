@@ -1,4 +1,4 @@
-"""Wire sources, transforms and sinks into the two streaming queries, and run them.
+"""Wire sources, transforms and sinks into the four streaming queries, and run them.
 
 ingest:          source -> parse -> quarantine | dedup -> telemetry     (parse on the stream,
                  foreachBatch: dedup and appends)
@@ -109,23 +109,6 @@ def model_scorer(settings: PipelineSettings) -> ModelScorer:
     return ModelScorer(uri, settings.model_name, settings.model_alias)
 
 
-def feature_input(spark: SparkSession, lake_root: str) -> DataFrame:
-    """Bronze events plus duplicate copies (``is_duplicate`` = 1), both read as Delta streams.
-
-    A duplicate counts in the windows of its event time, like every event: replays older than
-    the watermark are late here, and stay visible in ``quarantine`` (reason ``duplicate``).
-    """
-    events = spark.readStream.format("delta").load(lake.table_path(lake_root, lake.TELEMETRY))
-    duplicates = (
-        spark.readStream.format("delta")
-        .load(lake.table_path(lake_root, lake.QUARANTINE))
-        .where(F.col("reason") == c.REASON_DUPLICATE)
-    )
-    return feature_events(events, duplicates=False).unionByName(
-        feature_events(duplicates, duplicates=True)
-    )
-
-
 @dataclass
 class Pipeline:
     """The running queries and their metrics listener."""
@@ -165,6 +148,18 @@ class Pipeline:
         path = lake.table_path(self.settings.lake_root, name)
         return self.spark.readStream.format("delta").load(path)
 
+    def _feature_input(self) -> DataFrame:
+        """Bronze events plus duplicate copies (``is_duplicate`` = 1), both read as Delta streams.
+
+        A duplicate counts in the windows of its event time, like every event: replays older
+        than the watermark are late here, and stay visible in ``quarantine`` (reason
+        ``duplicate``).
+        """
+        duplicates = self._stream(lake.QUARANTINE).where(F.col("reason") == c.REASON_DUPLICATE)
+        return feature_events(self._stream(lake.TELEMETRY), duplicates=False).unionByName(
+            feature_events(duplicates, duplicates=True)
+        )
+
     def start_ingest(self) -> StreamingQuery:
         s = self.settings
         parsed = parse_events(raw_source(self.spark, s), max_clock_ahead=s.max_clock_ahead)
@@ -174,7 +169,7 @@ class Pipeline:
     def start_features(self) -> StreamingQuery:
         s = self.settings
         features = features_from_events(
-            feature_input(self.spark, s.lake_root),
+            self._feature_input(),
             self._table(lake.DEVICES),
             window=s.window,
             slide=s.slide,

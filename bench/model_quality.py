@@ -9,11 +9,16 @@ together as ``models.evaluation.evaluate`` defines detection. No MLflow: nothing
 Usage::
 
     flock /tmp/bench.lock .venv/bin/python bench/model_quality.py \\
-        [--devices 400] [--hours 6] [--holdout-hours 4] [--seed 7] [--holdout-seed 1007]
+        [--devices 400] [--hours 6] [--holdout-hours 4] [--seed 7] [--holdout-seed 1007] \\
+        [--save DIR | --load DIR]
 
 Defaults come from ``IOT_MODEL_*`` (``models.settings.ModelSettings``) and the window and slide
 from ``IOT_PIPELINE_*``. Prints the per-scenario table (injected, recall, precision, median time
 to detect), false alerts per 10,000 clean device-windows, the thresholds and the timings.
+
+Simulating and featurising take most of a run (about 13 minutes at the defaults); ``--save DIR``
+keeps both histories and ``--load DIR`` fits and scores on them again in well under a minute
+(the history options are then ignored: the saved histories carry their own fleet and seeds).
 """
 
 from __future__ import annotations
@@ -47,7 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--window", help="sliding window length (default IOT_PIPELINE_WINDOW)")
     parser.add_argument("--slide", help="sliding window step (default IOT_PIPELINE_SLIDE)")
     parser.add_argument("--misses", action="store_true", help="list the missed injections")
-    parser.add_argument("--save", type=Path, help="folder to write both histories to (parquet)")
+    histories = parser.add_mutually_exclusive_group()
+    histories.add_argument("--save", type=Path, help="folder to write both histories to (parquet)")
+    histories.add_argument("--load", type=Path, help="folder of histories written by --save")
     return parser.parse_args(argv)
 
 
@@ -58,40 +65,27 @@ def main(argv: list[str] | None = None) -> int:
         "devices": args.devices, "hours": args.hours, "holdout_hours": args.holdout_hours,
         "seed": args.seed, "holdout_seed": args.holdout_seed,
         "scenario_rate": args.scenario_rate}.items() if v is not None}  # fmt: skip
-    pipeline = load_settings(PipelineSettings)
-    window, slide = args.window or pipeline.window, args.slide or pipeline.slide
-    spark = build_spark_session("bench-model-quality", load_settings(SparkSettings),
-                                extra_conf={"spark.ui.showConsoleProgress": "false"})  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="modelbench-") as tmp:
-        settings = load_settings(ModelSettings, workdir=tmp, **overrides)
-
-        def history(seed: int, hours: float, folder: str) -> tuple[History, float]:
-            start = time.perf_counter()
-            result = simulated_history(
-                spark, devices=settings.devices, hours=hours, seed=seed,
-                scenario_rate=settings.scenario_rate, start_time=settings.start_time,
-                folder=Path(tmp) / folder, window=window, slide=slide,
-                min_overlap_s=settings.min_overlap_s,
-            )  # fmt: skip
-            return result, time.perf_counter() - start
-
-        train, train_s = history(settings.seed, settings.hours, "train")
-        holdout, holdout_s = history(settings.holdout_seed, settings.holdout_hours, "holdout")
+    settings = load_settings(ModelSettings, **overrides)
+    if args.load:
+        train, holdout = load(args.load, "train"), load(args.load, "holdout")
+        print(f"histories from {args.load}")
+    else:
+        (train, train_s), (holdout, holdout_s) = simulate_histories(args, settings)
         if args.save:
             save(args.save, train=train, holdout=holdout)
-        start = time.perf_counter()
-        detector, validation = fit_detector(train, settings)
-        fit_s = time.perf_counter() - start
-        scores = detector.score(holdout.features)
-        report, metrics = holdout_report(holdout, scores, 0.5)
+        print(f"scenario rate {settings.scenario_rate:g}/h/1k devices; simulated and featurised "
+              f"train: seed {settings.seed}, {settings.devices} devices x {settings.hours:g} h "
+              f"in {train_s:.0f} s; held-out: seed {settings.holdout_seed}, {settings.devices} "
+              f"devices x {settings.holdout_hours:g} h in {holdout_s:.0f} s")  # fmt: skip
+    start = time.perf_counter()
+    detector, validation = fit_detector(train, settings)
+    fit_s = time.perf_counter() - start
+    scores = detector.score(holdout.features)
+    report, metrics = holdout_report(holdout, scores, 0.5)
 
-    print(f"window {window}, slide {slide}; scenario rate {settings.scenario_rate:g}/h/1k devices")
-    print(f"train: seed {settings.seed}, {settings.devices} devices x {settings.hours:g} h, "
-          f"{len(train.features):,} windows ({int(validation.sum()):,} validation), "
-          f"{len(train.truth)} injections, {train_s:.0f} s")  # fmt: skip
-    print(f"held-out: seed {settings.holdout_seed}, {settings.devices} devices x "
-          f"{settings.holdout_hours:g} h, {len(holdout.features):,} windows, "
-          f"{len(holdout.truth)} injections, {holdout_s:.0f} s")  # fmt: skip
+    print(f"train: {len(train.features):,} windows ({int(validation.sum()):,} validation), "
+          f"{len(train.truth)} injections; held-out: {len(holdout.features):,} windows, "
+          f"{len(holdout.truth)} injections")  # fmt: skip
     print(f"fit {fit_s:.0f} s; p_threshold {detector.p_threshold:.4g}, "
           f"z_threshold {detector.z_threshold:.4g}")  # fmt: skip
     print()
@@ -103,8 +97,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.misses:
         print()
         print(misses(holdout, scores).to_string(index=False))
-    spark.stop()
     return 0
+
+
+def simulate_histories(
+    args: argparse.Namespace, settings: ModelSettings
+) -> tuple[tuple[History, float], tuple[History, float]]:
+    """The training and held-out histories, each with the seconds it took."""
+    pipeline = load_settings(PipelineSettings)
+    window, slide = args.window or pipeline.window, args.slide or pipeline.slide
+    print(f"window {window}, slide {slide}")
+    spark = build_spark_session("bench-model-quality", load_settings(SparkSettings),
+                                extra_conf={"spark.ui.showConsoleProgress": "false"})  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="modelbench-") as tmp:
+
+        def history(seed: int, hours: float, folder: str) -> tuple[History, float]:
+            start = time.perf_counter()
+            result = simulated_history(
+                spark, devices=settings.devices, hours=hours, seed=seed,
+                scenario_rate=settings.scenario_rate, start_time=settings.start_time,
+                folder=Path(tmp) / folder, window=window, slide=slide,
+                min_overlap_s=settings.min_overlap_s,
+            )  # fmt: skip
+            return result, time.perf_counter() - start
+
+        train = history(settings.seed, settings.hours, "train")
+        holdout = history(settings.holdout_seed, settings.holdout_hours, "holdout")
+    spark.stop()
+    return train, holdout
 
 
 def save(folder: Path, **histories: History) -> None:
@@ -114,6 +134,15 @@ def save(folder: Path, **histories: History) -> None:
         history.features.to_parquet(folder / f"{name}_features.parquet")
         history.truth.to_parquet(folder / f"{name}_truth.parquet")
         history.rule_alerts.to_parquet(folder / f"{name}_rule_alerts.parquet")
+
+
+def load(folder: Path, name: str) -> History:
+    """A history written by ``save``."""
+    import pandas as pd
+
+    parts = [pd.read_parquet(folder / f"{name}_{part}.parquet")
+             for part in ("features", "truth", "rule_alerts")]  # fmt: skip
+    return History(*parts)
 
 
 def misses(holdout: History, scores: Any) -> Any:

@@ -23,6 +23,7 @@ import pandas as pd
 
 from infra import contract as c
 from models.evaluation import CLEAN
+from pipeline.columns import REPEAT_METRICS
 
 # The scenarios whose alert types include model_anomaly: what the classifier learns.
 MODEL_SCENARIOS = tuple(
@@ -34,6 +35,9 @@ NUMERIC_FEATURES = (
     *(f"{m}_{s}" for m in c.METRICS for s in _STATS),
     "event_count", "events_per_min", "duplicate_count", "seq_gap_count", "seq_excess_count",
     "power_ratio_mean", "power_ratio_min", "max_distance_km", "spread_km",
+    # Not compared with the type's normal (no z-score): a slow signal read to two decimals
+    # repeats now and then, and only the classifier learns how far that goes.
+    *(f"{m}_distinct_share" for m in REPEAT_METRICS),
 )  # fmt: skip
 # Window statistics compared with the device type's normal (robust z-scores). Not the battery:
 # a tracker's recharge is a legitimate jump of most of its range.

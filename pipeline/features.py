@@ -17,6 +17,9 @@ from pipeline.transforms import copy_rank
 EARTH_RADIUS_KM = 6371.0
 # Metrics whose statistics the detectors and the model read.
 STAT_FUNCS = {"mean": F.avg, "std": F.stddev_samp, "min": F.min, "max": F.max}
+# Relative error of the distinct counts (HyperLogLog++, exact enough at a window's few dozen
+# readings; a sketch of 52 longs per metric in the window state).
+DISTINCT_RSD = 0.05
 REGISTRY_COLUMNS = ("device_type", "site_lat", "site_lon", "expected_firmware", "status")
 # Event columns the feature stage reads; ``is_duplicate`` is added by ``feature_events``.
 EVENT_COLUMNS = ("device_id", "event_time", "seq", "firmware", "lat", "lon", *c.METRICS)
@@ -126,6 +129,10 @@ def _window_aggregates() -> list[Column]:
             aggs.append(func(F.col(metric)).alias(f"{metric}_{stat}"))
         # Least-squares trend in units per minute: a drift is steady where noise is not.
         aggs.append(F.regr_slope(F.col(metric), over_valid(minutes)).alias(f"{metric}_slope"))
+    for metric in col.REPEAT_METRICS:
+        # Exact distinct counts are not allowed on a stream; the sketch is.
+        distinct = F.approx_count_distinct(metric, rsd=DISTINCT_RSD)
+        aggs.append(F.try_divide(distinct, F.count(metric)).alias(f"{metric}_distinct_share"))
     return aggs
 
 
@@ -140,7 +147,8 @@ def window_features(
 
     Input: ``event_measures`` output (``device_id``, ``event_time``, metrics, ``is_duplicate``,
     ``distance_km``, ...). Output: one row per (device_id, window_start) with counts and rates,
-    mean/std/min/max and trend (``<metric>_slope``, units per minute) per metric, sequence gaps,
+    mean/std/min/max and trend (``<metric>_slope``, units per minute) per metric, the share of
+    distinct readings (``<metric>_distinct_share``, about 1 unless readings repeat), sequence gaps,
     duplicates, distance from site, implied speed, power ratio and firmware mismatches. Safe on a
     stream when ``watermark`` is given (late rows beyond it are dropped and counted by Spark).
     """

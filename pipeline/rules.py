@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from infra import contract as c
 from pipeline import columns as col
 
 
@@ -47,8 +46,7 @@ def rules(t: Thresholds) -> list[Rule]:
             & (F.col(col.EVENT_COUNT) >= t.stuck_min_events),
             F.lit(m),
         )
-        for m in c.METRICS
-        if m != "battery_pct"  # a full battery legitimately reads 100 for hours
+        for m in col.REPEAT_METRICS
     ]  # fmt: skip
     stuck = F.concat_ws(",", *stuck_metrics)
     return [

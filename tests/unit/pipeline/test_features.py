@@ -1,4 +1,5 @@
-"""Window features on static data: the trend per metric (``<metric>_slope``)."""
+"""Window features on static data: the trend per metric (``<metric>_slope``) and the share of
+distinct readings (``<metric>_distinct_share``)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,20 @@ def test_slope_is_the_trend_in_units_per_minute(spark: Any) -> None:
     # The clean series' small periodic noise has next to no trend.
     assert abs(rows["clean"].temperature_c_slope) < 0.05
     assert rows["clean"].humidity_pct_slope is None  # a meter has no humidity sensor
+
+
+def test_distinct_share_shows_a_sensor_that_repeats_one_value(spark: Any) -> None:
+    stuck = device_series("travel", START, 20)  # every 30 s
+    for event in stuck[5:]:  # stuck for the last 15 of the window's 20 readings
+        event["metrics"]["power_w"] = 500.0
+    events = events_df(spark, device_series("clean", START, 20)).unionByName(
+        events_df(spark, stuck)
+    )
+    features = features_from_events(events, registry_df(spark), window="10 minutes",
+                                     slide="10 minutes")  # fmt: skip
+    rows = {r.device_id: r for r in features.where("event_count >= 10").collect()}
+    assert rows["travel"].power_w_distinct_share == pytest.approx(6 / 20)
+    # The clean series repeats its temperature (3 values) but never its power.
+    assert rows["clean"].power_w_distinct_share == pytest.approx(1.0)
+    assert rows["clean"].temperature_c_distinct_share == pytest.approx(3 / 20)
+    assert rows["clean"].humidity_pct_distinct_share is None  # a meter has no humidity sensor

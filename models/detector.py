@@ -53,7 +53,7 @@ Z_FEATURES = (
 _MAD_TO_SIGMA = 1.4826
 # Safety margins above the highest clean validation window (see ``choose_thresholds``).
 Z_MARGIN = 1.25
-P_MARGIN = 0.5
+P_MARGIN = 0.75
 
 
 def _with_ranges(frame: pd.DataFrame) -> pd.DataFrame:
@@ -167,7 +167,7 @@ def choose_thresholds(
 
     The z threshold takes half of the false-alert budget, the classifier the rest; among
     classifier thresholds within budget the lowest (most recall) wins. Then both move up by a
-    margin (z times Z_MARGIN, p halfway to 1): a validation split of a few thousand clean windows
+    margin (z times Z_MARGIN, p three quarters of the way to 1): a validation split of a few thousand clean windows
     sees less than the 1-in-10,000 tail it is meant to bound, and anomalies score far above it.
     """
     p, max_z = detector.parts(frame)

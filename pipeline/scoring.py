@@ -53,6 +53,7 @@ class ModelScorer:
         self._loaded: LoadedModel | None = None
         self._said_missing = False
         self._unusable: set[str] = set()
+        self._client: Any = None
 
     def current(self, spark: SparkSession, columns: Collection[str]) -> LoadedModel | None:
         """The model for a batch whose windows have ``columns``; None means rules only."""
@@ -61,9 +62,10 @@ class ModelScorer:
 
         mlflow.set_tracking_uri(self.tracking_uri)
         mlflow.set_registry_uri(self.tracking_uri)
-        client = mlflow.MlflowClient(self.tracking_uri, registry_uri=self.tracking_uri)
+        if self._client is None:  # one client (and its store connection) for every batch
+            self._client = mlflow.MlflowClient(self.tracking_uri, registry_uri=self.tracking_uri)
         try:
-            version = str(client.get_model_version_by_alias(self.name, self.alias).version)
+            version = str(self._client.get_model_version_by_alias(self.name, self.alias).version)
         except MlflowException:
             if not self._said_missing:
                 log.warning(

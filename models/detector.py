@@ -167,8 +167,9 @@ def choose_thresholds(
 
     The z threshold takes half of the false-alert budget, the classifier the rest; among
     classifier thresholds within budget the lowest (most recall) wins. Then both move up by a
-    margin (z times Z_MARGIN, p three quarters of the way to 1): a validation split of a few thousand clean windows
-    sees less than the 1-in-10,000 tail it is meant to bound, and anomalies score far above it.
+    margin (z times Z_MARGIN, p three quarters of the way to 1): a validation split of a few
+    thousand clean windows sees less than the 1-in-10,000 tail it is meant to bound, and
+    anomalies score far above it.
     """
     p, max_z = detector.parts(frame)
     clean = (labels == CLEAN).to_numpy()

@@ -305,9 +305,22 @@ class KafkaBroker:
 
     def _cluster_id(self) -> str:
         id_file = self.home / "cluster.id"
-        if not id_file.exists():
-            id_file.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+        # An id starting with "-" never formatted any storage (see new_cluster_id): replace it.
+        if not id_file.exists() or id_file.read_text().startswith("-"):
+            id_file.write_text(new_cluster_id())
         return id_file.read_text().strip()
+
+
+def new_cluster_id() -> str:
+    """A random cluster id: a UUID in URL-safe base64 (22 characters), never starting with "-".
+
+    The storage tool would read such an id as an option and refuse to format (1 id in 64);
+    Kafka's own ``Uuid.randomUuid`` skips them for the same reason.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def wait_until_ready(

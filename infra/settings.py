@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from infra.errors import ConfigError
 
@@ -204,21 +205,35 @@ def _may_hold_secrets(name: str) -> bool:
 
 def load_settings(cls: type[S], **overrides: Any) -> S:
     """Build a settings object; a bad value raises ConfigError naming the variable to fix."""
+    prefix = str(cls.model_config.get("env_prefix", ""))
     try:
         return cls(**overrides)
+    except SettingsError as exc:
+        # A list or map setting whose variable is not valid JSON; the value is not echoed
+        # (option maps may hold credentials).
+        found = re.search(r'field "(\w+)"', str(exc))
+        name = found.group(1) if found else "?"
+        raise ConfigError(
+            f"Invalid configuration in {cls.__name__}:\n  {_variable(cls, prefix, name)}: "
+            f"not valid JSON ({exc.__cause__ or exc}); give a JSON list or object, for "
+            """example '["a", "b"]' or '{"key": "value"}'"""
+        ) from None
     except ValidationError as exc:
-        prefix = str(cls.model_config.get("env_prefix", ""))
         problems = []
         for error in exc.errors():
             if not error["loc"]:  # a check across several settings
                 problems.append(f"  {error['msg']}")
                 continue
             name = str(error["loc"][0])
-            field = cls.model_fields.get(name)
-            alias = field.validation_alias if field is not None else None
-            variable = alias if isinstance(alias, str) else f"{prefix}{name}".upper()
             got = "" if _may_hold_secrets(name) else f" (got {error.get('input')!r})"
-            problems.append(f"  {variable}: {error['msg']}{got}")
+            problems.append(f"  {_variable(cls, prefix, name)}: {error['msg']}{got}")
         raise ConfigError(
             f"Invalid configuration in {cls.__name__}:\n" + "\n".join(problems)
         ) from None
+
+
+def _variable(cls: type[BaseSettings], prefix: str, name: str) -> str:
+    """The environment variable that sets field ``name``."""
+    field = cls.model_fields.get(name)
+    alias = field.validation_alias if field is not None else None
+    return alias if isinstance(alias, str) else f"{prefix}{name}".upper()

@@ -40,6 +40,16 @@ def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings(SimulatorSettings)
 
 
+@pytest.mark.parametrize("value", ['{"sasl.password": s3cret', ""])
+def test_option_maps_that_are_not_json_name_the_variable_without_the_value(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("IOT_SIM_KAFKA_OPTIONS", value)
+    with pytest.raises(ConfigError, match="IOT_SIM_KAFKA_OPTIONS: not valid JSON") as raised:
+        load_settings(SimulatorSettings)
+    assert "s3cret" not in str(raised.value)
+
+
 def test_every_setting_is_described() -> None:
     assert all(f.description for f in SimulatorSettings.model_fields.values())
 

@@ -23,7 +23,6 @@ import pandas as pd
 
 from infra import contract as c
 from models.evaluation import CLEAN
-from pipeline.columns import REPEAT_METRICS
 
 # The scenarios whose alert types include model_anomaly: what the classifier learns.
 MODEL_SCENARIOS = tuple(
@@ -37,7 +36,7 @@ NUMERIC_FEATURES = (
     "power_ratio_mean", "power_ratio_min", "max_distance_km", "spread_km",
     # Not compared with the type's normal (no z-score): a slow signal read to two decimals
     # repeats now and then, and only the classifier learns how far that goes.
-    *(f"{m}_distinct_share" for m in REPEAT_METRICS),
+    *(f"{m}_distinct_share" for m in c.REPEAT_METRICS),
 )  # fmt: skip
 # Window statistics compared with the device type's normal (robust z-scores). Not the battery:
 # a tracker's recharge is a legitimate jump of most of its range.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from infra import contract as c
-
 # Raw records, whatever the source: the Kafka source's shape.
 KEY = "key"
 VALUE = "value"
@@ -24,6 +22,3 @@ WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 EVENT_COUNT = "event_count"
 DUPLICATE_COUNT = "duplicate_count"
-# Metrics whose share of distinct readings (``<metric>_distinct_share``) is counted: a stuck
-# sensor repeats one value. Not the battery: a full one legitimately reads 100 for hours.
-REPEAT_METRICS = tuple(m for m in c.METRICS if m != "battery_pct")

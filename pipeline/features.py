@@ -129,7 +129,7 @@ def _window_aggregates() -> list[Column]:
             aggs.append(func(F.col(metric)).alias(f"{metric}_{stat}"))
         # Least-squares trend in units per minute: a drift is steady where noise is not.
         aggs.append(F.regr_slope(F.col(metric), over_valid(minutes)).alias(f"{metric}_slope"))
-    for metric in col.REPEAT_METRICS:
+    for metric in c.REPEAT_METRICS:
         # Exact distinct counts are not allowed on a stream; the sketch is.
         distinct = F.approx_count_distinct(metric, rsd=DISTINCT_RSD)
         aggs.append(F.try_divide(distinct, F.count(metric)).alias(f"{metric}_distinct_share"))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from infra import contract as c
 from pipeline import columns as col
 
 
@@ -46,7 +47,7 @@ def rules(t: Thresholds) -> list[Rule]:
             & (F.col(col.EVENT_COUNT) >= t.stuck_min_events),
             F.lit(m),
         )
-        for m in col.REPEAT_METRICS
+        for m in c.REPEAT_METRICS
     ]  # fmt: skip
     stuck = F.concat_ws(",", *stuck_metrics)
     return [

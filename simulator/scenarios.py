@@ -126,7 +126,7 @@ def eligible(scenario: str, device_type: str) -> bool:
     if scenario in _MODIFIERS:
         return any(m in sensors for m, *_ in _MODIFIERS[scenario])
     if scenario == "stuck_sensor":
-        return any(m != "battery_pct" for m in sensors)
+        return any(m in c.REPEAT_METRICS for m in sensors)
     return True
 
 
@@ -142,7 +142,7 @@ def choose_params(
         metric, how, low, high = options[int(rng.integers(len(options)))]
         return {"metric": metric, "how": how, "amount": round(float(rng.uniform(low, high)), 3)}
     if scenario == "stuck_sensor":
-        options_ = [m for m in sensors if m != "battery_pct"]
+        options_ = [m for m in sensors if m in c.REPEAT_METRICS]
         return {"metric": options_[int(rng.integers(len(options_)))]}
     if scenario == "impossible_travel":
         return _offset(rng, TRAVEL_DISTANCE_DEG)

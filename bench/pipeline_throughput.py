@@ -177,9 +177,10 @@ def main() -> int:
                 "pipeline-bench", SparkSettings(master="local[2]", shuffle_partitions=2)
             )
             if args.warmup:
-                # The first job of a session pays for JIT compilation, class loading and new
-                # Kafka consumers (a cold read of the topic is half as fast as a warm one): each
-                # job runs once on other data first, so the figures below are sustained rates.
+                # The first job of a session pays for JIT compilation and class loading (a cold
+                # read of a topic ran at a third of a warm one's rate, a new topic read warm at
+                # full speed): each job runs once on other data first, so the figures below are
+                # sustained rates.
                 warm = root / "warmup"
                 fill_topic(bootstrap, f"{topic}.warmup", str(warm / "lake"), args.warmup,
                            args.devices)  # fmt: skip

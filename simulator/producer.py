@@ -117,10 +117,12 @@ class TokenBucket:
         if self.tokens >= 0:
             return 0.0
         # Debt is paid by sleeping; the bucket goes back to zero, so the long-run rate is exact.
+        # It is even at the moment the debt is paid, not when the sleep returns: a sleep that
+        # ends late (a busy machine) leaves the tokens of the overrun to the next call.
         wait = -self.tokens / self.rate
         self.sleep(wait)
         self.tokens = 0.0
-        self.last = self.clock()
+        self.last = now + wait
         return wait
 
 

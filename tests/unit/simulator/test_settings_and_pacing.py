@@ -78,6 +78,16 @@ def test_token_bucket_holds_the_rate() -> None:
     assert 120_000 / clock.now == pytest.approx(1000.0, rel=0.01)
 
 
+def test_token_bucket_holds_the_rate_when_sleeps_overrun() -> None:
+    # On a busy machine a sleep ends late; the time overslept must count as sending time, or
+    # the rate falls short by the overrun (a 1 ms overrun per 20 ms step lost 5 %).
+    clock = FakeClock()
+    bucket = TokenBucket(5000.0, clock=clock, sleep=lambda s: clock.sleep(s + 0.001))
+    for _ in range(3000):
+        bucket.acquire(100)
+    assert 300_000 / clock.now == pytest.approx(5000.0, rel=0.01)
+
+
 def test_runs_with_a_known_end_reach_the_wall_clock_when_they_end() -> None:
     now = datetime(2026, 3, 1, tzinfo=timezone.utc)
     assert default_start(SimulatorSettings(), 50.0, now) == now

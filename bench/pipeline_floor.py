@@ -178,7 +178,8 @@ def latency(args: argparse.Namespace, root: Path, bootstrap: str, spark: Any) ->
         .toPandas()
     )
     committed = rows["batch_id"].map(commits)
-    sent_at = pd.to_datetime(rows.iloc[:, 1], utc=True).astype("int64") / 1e9
+    epoch = pd.Timestamp(0, tz="UTC")
+    sent_at = (pd.to_datetime(rows.iloc[:, 1], utc=True) - epoch).dt.total_seconds()
     latency_s = committed - sent_at
 
     def quantiles(values: Any) -> dict[str, float]:

@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from bench_broker import bench_broker
-from pipeline_throughput import fill_topic
+from pipeline_throughput import TYPED_EVENT_SCHEMA, fill_topic
 
-from infra import contract as c
 from infra.settings import SparkSettings
 from infra.spark import build_spark_session
 from pipeline.settings import PipelineSettings
@@ -55,18 +54,14 @@ from pipeline.sources import kafka_source
 from pipeline.transforms import parse_events, valid_events
 
 STAGES = ("read", "typed", "typed_append", "parse", "append")
-# The least parse of the contract: Spark's JSON parser straight into the typed fields, no checks.
-TYPED_SCHEMA = (
-    "event_id string, device_id string, event_time timestamp, seq long, firmware string, "
-    "lat double, lon double, metrics struct<" + ",".join(f"{m}:double" for m in c.METRICS) + ">"
-)
 
 
 def typed_events(raw: Any) -> Any:
-    """Messages parsed with ``TYPED_SCHEMA`` and their Kafka coordinates: nothing checked."""
+    """Messages parsed with ``TYPED_EVENT_SCHEMA`` and their Kafka coordinates: the least parse
+    of the contract, nothing checked."""
     from pyspark.sql import functions as F
 
-    event = F.from_json(F.col("value").cast("string"), TYPED_SCHEMA).alias("e")
+    event = F.from_json(F.col("value").cast("string"), TYPED_EVENT_SCHEMA).alias("e")
     return raw.select(event, "topic", "partition", "offset", "timestamp").select(
         "e.*", "topic", "partition", "offset", "timestamp"
     )

@@ -298,10 +298,16 @@ class KafkaBroker:
                 time.sleep(0.05)
 
     def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the broker's log, Java stack frames folded away.
+
+        A fatal error's frames alone can fill the tail and push out the line that names it
+        (``java.lang.OutOfMemoryError: ...``).
+        """
         try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+            text = self.log_file.read_text(errors="replace")
         except FileNotFoundError:
             return "(no broker log)"
+        return "\n".join(fold_stack_frames(text.splitlines())[-lines:])
 
     def _cluster_id(self) -> str:
         id_file = self.home / "cluster.id"
@@ -309,6 +315,21 @@ class KafkaBroker:
         if not id_file.exists() or id_file.read_text().startswith("-"):
             id_file.write_text(new_cluster_id())
         return id_file.read_text().strip()
+
+
+def fold_stack_frames(lines: list[str]) -> list[str]:
+    """Each run of Java stack frames (``\tat ...``, ``\t... N more``) as one line counting them."""
+    folded: list[str] = []
+    frames = 0
+    for line in [*lines, ""]:
+        if line.startswith("\tat ") or line.startswith("\t... "):
+            frames += 1
+            continue
+        if frames:
+            folded.append(f"\t({frames} stack frames)")
+            frames = 0
+        folded.append(line)
+    return folded[:-1]
 
 
 def new_cluster_id() -> str:

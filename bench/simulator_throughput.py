@@ -7,7 +7,9 @@ Usage::
     .venv/bin/python bench/simulator_throughput.py [--devices 10000] [--seconds 20]
 
 Starts its own broker (the real Apache Kafka jars, free ports, a temp folder) unless
-KAFKA_BOOTSTRAP_SERVERS is set. Prints one result line and the generation-only rate.
+KAFKA_BOOTSTRAP_SERVERS is set. Prints one result line, the broker's own count of the messages
+in the topic (the sum of its partitions' end offsets, which must equal the delivered count), and
+the generation-only rate.
 """
 
 from __future__ import annotations
@@ -39,6 +41,21 @@ def generation_only(settings: SimulatorSettings, seconds: float) -> float:
     while time.perf_counter() - start < seconds:
         sent += len(sim.next_batch())
     return sent / (time.perf_counter() - start)
+
+
+def messages_in_topic(bootstrap: str, topic: str, partitions: int) -> int:
+    """The broker's count: sum of end offsets (the topic is new and written by one idempotent
+    producer, so no message is counted twice)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}"})
+    try:
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in range(partitions)
+        )
+    finally:
+        consumer.close()
 
 
 def main() -> int:
@@ -79,6 +96,11 @@ def main() -> int:
             f"devices {settings.devices:,}, injections {stats.injections}, "
             f"all {len(settings.scenarios)} scenarios on)"
         )
+        in_topic = messages_in_topic(bootstrap, topic, args.partitions)
+        print(f"messages in the topic (broker's end offsets): {in_topic:,}")
+        if in_topic != stats.delivered:
+            print(f"MISMATCH: the producer counted {stats.delivered:,} delivered")
+            return 1
         rate = generation_only(settings, min(args.seconds, 10.0))
         print(f"generation + JSON encoding only: {rate:,.0f} events/s")
         print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")

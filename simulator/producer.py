@@ -204,6 +204,15 @@ class Sender:
     def queue_length(self) -> int:
         return len(self.producer)
 
+    def close(self) -> None:
+        """Destroy the client once all was delivered, so it stops reconnecting to the broker.
+
+        With messages still queued (counted undelivered by ``flush``) it is left to the process's
+        exit: ``Producer.close`` would wait for them.
+        """
+        if self.queue_length() == 0:
+            self.producer.close()
+
 
 def default_start(settings: SimulatorSettings, natural_rate: float, now: datetime) -> datetime:
     """Start of the simulated clock: given, or so that a run with a known end ends when it ends.
@@ -253,6 +262,7 @@ def run_simulation(
         f" as {settings.kafka_sasl_username}" if settings.kafka_sasl_username else "",
         redact({k: str(v) for k, v in settings.kafka_options.items()}),
     )
+    own_sender = sender is None
     sender = sender or Sender(conf, settings.topic, stats)
     sender.stats = stats
     bucket = TokenBucket(settings.rate) if settings.rate > 0 else None
@@ -345,6 +355,8 @@ def run_simulation(
         flush_started = time.monotonic()
         sender.flush()
         stats.flush_s = time.monotonic() - flush_started
+        if own_sender:
+            sender.close()
         # Injections are clipped to the last message sent, wherever the run stopped.
         until = last_sent if last_sent is not None else sim_begin
         sim.finish(until)

@@ -219,8 +219,10 @@ def default_start(settings: SimulatorSettings, natural_rate: float, now: datetim
 
     A run that simulates ``span`` seconds in ``wall`` seconds starts ``span - wall`` before now:
     the simulated clock catches up with the wall clock at the end, and never runs ahead of it,
-    where the pipeline quarantines events. A real-time run starts now (``span == wall``); an
-    open-ended or as-fast-as-possible one ends near now (its wall time is not known).
+    where the pipeline quarantines events. A real-time run starts now (``span == wall``), and so
+    does a run whose span is not known in advance: an open-ended one, or one at full speed
+    (``accelerate`` 0) bounded only by ``duration``, which runs ahead of the wall clock (give it
+    ``start_time`` to feed a pipeline). A full-speed run with a ``count`` ends near now.
     """
     if settings.start_time is not None:
         return settings.start_time

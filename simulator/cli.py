@@ -31,6 +31,7 @@ from simulator.producer import (
     ensure_topic,
     producer_config,
     run_simulation,
+    runs_ahead_of_wall_clock,
 )
 from simulator.settings import SimulatorSettings
 from simulator.telemetry import Simulation, write_jsonl
@@ -240,11 +241,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                      settings.replication_factor)  # fmt: skip
     probe = Simulation(settings, registry, start_time=datetime(2000, 1, 1, tzinfo=timezone.utc))
     start = default_start(settings, probe.natural_rate, datetime.now(timezone.utc))
-    runs_ahead = settings.rate > probe.natural_rate or settings.accelerate != 1.0
-    if runs_ahead and not (settings.start_time or settings.duration or settings.count):
+    if runs_ahead_of_wall_clock(settings, probe.natural_rate):
         log.warning(
             "the simulated clock runs faster than real time from now: event times ahead of the "
-            "send time are quarantined by the pipeline; give --duration, --count or --start-time"
+            "send time are quarantined by the pipeline; give --count or --start-time (or "
+            "--duration with --rate or --accelerate)"
         )
     sim = Simulation(settings, registry, start_time=start)
     with stop_on_signals() as stop:

@@ -8,7 +8,12 @@ import pytest
 
 from infra.errors import ConfigError
 from infra.settings import load_settings
-from simulator.producer import TokenBucket, default_start, producer_config
+from simulator.producer import (
+    TokenBucket,
+    default_start,
+    producer_config,
+    runs_ahead_of_wall_clock,
+)
 from simulator.settings import SimulatorSettings, redact
 
 
@@ -108,3 +113,24 @@ def test_runs_with_a_known_end_reach_the_wall_clock_when_they_end() -> None:
     assert default_start(as_fast_as_possible, 50.0, now) == now - timedelta(seconds=3600)
     fixed = SimulatorSettings(start_time=datetime(2026, 1, 1))
     assert default_start(fixed, 50.0, now) == datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    ("settings", "ahead"),
+    [
+        # Full speed for a wall-clock duration: how much it simulates is not known in advance.
+        (SimulatorSettings(accelerate=0, duration=30), True),
+        (SimulatorSettings(accelerate=10), True),
+        (SimulatorSettings(rate=1000), True),
+        (SimulatorSettings(accelerate=0, count=180_000), False),
+        (SimulatorSettings(accelerate=10, duration=30), False),
+        (SimulatorSettings(rate=1000, duration=30), False),
+        (SimulatorSettings(accelerate=0, duration=30, start_time=datetime(2026, 1, 1)), False),
+        (SimulatorSettings(), False),
+        (SimulatorSettings(rate=25), False),
+    ],
+)
+def test_the_runs_whose_clock_passes_the_wall_clock_are_told_apart(
+    settings: SimulatorSettings, ahead: bool
+) -> None:
+    assert runs_ahead_of_wall_clock(settings, natural_rate=50.0) is ahead

@@ -38,9 +38,15 @@ def ensure_experiment(name: str, tracking_uri: str, artifact_root: str | None) -
     return str(experiment_id)
 
 
-def artifact_root_for(tracking_uri: str) -> str | None:
-    """Artifacts beside a SQLite store (``<db folder>/artifacts``); a server chooses its own."""
+def sqlite_store_path(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI; None for any other store."""
     prefix = "sqlite:///"
     if not tracking_uri.startswith(prefix):
         return None
-    return (Path(tracking_uri[len(prefix) :]).parent / "artifacts").resolve().as_uri()
+    return Path(tracking_uri[len(prefix) :].split("?", 1)[0])
+
+
+def artifact_root_for(tracking_uri: str) -> str | None:
+    """Artifacts beside a SQLite store (``<db folder>/artifacts``); a server chooses its own."""
+    db = sqlite_store_path(tracking_uri)
+    return None if db is None else (db.parent / "artifacts").resolve().as_uri()

@@ -14,12 +14,15 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from infra.mlflow_store import sqlite_store_path
 from pipeline import columns as col
 from pipeline.rules import alert_id
 
 log = logging.getLogger(__name__)
 
 DEFAULT_THRESHOLD = 0.5
+# What MLflow answers when the model, or its alias, does not exist (any other error is a failure).
+_NOT_REGISTERED = {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}
 # MLflow signature types -> Spark SQL types for the UDF's input columns (numbers otherwise double).
 _SPARK_TYPES = {"string": "string", "long": "bigint", "integer": "int", "boolean": "boolean"}
 
@@ -44,6 +47,10 @@ class ModelScorer:
     A version is trusted only after two checks on the driver: the windows have every input of
     its signature, and it scores its own input example. One that fails is logged once and
     skipped (rules only) until the alias moves: a bad registration must not stop the alerts.
+    Nor must the registry: one that cannot be read (a server down, a broken store) means rules
+    only until it answers, asked again at every batch. A local SQLite store that does not exist
+    holds no model and is not created here: the first ``iotfraud train`` creates it, so a
+    pipeline killed at start-up can never leave it half-initialised.
     """
 
     def __init__(self, tracking_uri: str, name: str, alias: str = "champion") -> None:
@@ -51,30 +58,17 @@ class ModelScorer:
         self.name = name
         self.alias = alias
         self._loaded: LoadedModel | None = None
-        self._said_missing = False
+        self._said: str | None = None  # why the last batch ran rules only, logged once
         self._unusable: set[str] = set()
         self._client: Any = None
 
     def current(self, spark: SparkSession, columns: Collection[str]) -> LoadedModel | None:
         """The model for a batch whose windows have ``columns``; None means rules only."""
-        import mlflow
-        from mlflow.exceptions import MlflowException
-
-        mlflow.set_tracking_uri(self.tracking_uri)
-        mlflow.set_registry_uri(self.tracking_uri)
-        if self._client is None:  # one client (and its store connection) for every batch
-            self._client = mlflow.MlflowClient(self.tracking_uri, registry_uri=self.tracking_uri)
-        try:
-            version = str(self._client.get_model_version_by_alias(self.name, self.alias).version)
-        except MlflowException:
-            if not self._said_missing:
-                log.warning(
-                    "no model registered as %s@%s: running rules only", self.name, self.alias
-                )
-                self._said_missing = True
+        version = self._champion_version()
+        if version is None:
             self._loaded = None
             return None
-        self._said_missing = False
+        self._said = None
         if self._loaded is not None and self._loaded.version == version:
             return self._loaded
         self._loaded = None
@@ -90,6 +84,44 @@ class ModelScorer:
             )  # fmt: skip
             self._unusable.add(version)
         return self._loaded
+
+    def _champion_version(self) -> str | None:
+        """The version the alias points to; None when there is none or the registry fails."""
+        import mlflow
+        from mlflow.exceptions import MlflowException
+
+        store = sqlite_store_path(self.tracking_uri)
+        if store is not None and not store.exists():
+            self._rules_only("no-store", "no MLflow store at %s: running rules only", store)
+            return None
+        mlflow.set_tracking_uri(self.tracking_uri)
+        mlflow.set_registry_uri(self.tracking_uri)
+        try:
+            if self._client is None:  # one client (and its store connection) for every batch
+                self._client = mlflow.MlflowClient(
+                    self.tracking_uri, registry_uri=self.tracking_uri
+                )
+            return str(self._client.get_model_version_by_alias(self.name, self.alias).version)
+        except MlflowException as error:
+            if error.error_code in _NOT_REGISTERED:
+                self._rules_only("missing", "no model registered as %s@%s: running rules only",
+                                 self.name, self.alias)  # fmt: skip
+                return None
+            failure: Exception = error
+        except Exception as error:  # a store that cannot be read fails in its own library's way
+            failure = error
+        self._client = None  # connect afresh at the next batch
+        self._rules_only(
+            "unreadable",
+            "the model registry %s cannot be read (%s): running rules only until it answers",
+            self.tracking_uri, _first_line(failure),
+        )  # fmt: skip
+        return None
+
+    def _rules_only(self, why: str, message: str, *args: object) -> None:
+        if self._said != why:
+            log.log(logging.ERROR if why == "unreadable" else logging.WARNING, message, *args)
+            self._said = why
 
     def _load(self, spark: SparkSession, version: str, columns: Collection[str]) -> LoadedModel:
         import mlflow
@@ -116,6 +148,11 @@ class ModelScorer:
         udf = mlflow.pyfunc.spark_udf(spark, uri, result_type="double", env_manager="local")
         log.info("scoring with %s version %s (threshold %.3f)", self.name, version, threshold)
         return LoadedModel(self.name, version, udf, inputs, threshold)
+
+
+def _first_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def model_alerts(features: DataFrame, model: LoadedModel) -> DataFrame:

@@ -104,6 +104,43 @@ def test_replayed_batch_changes_no_alert(spark: Any, lake: str, tmp_path: Path) 
     assert {a.alert_type for a in after} == {"rogue_device"}  # unregistered: firmware unknown
 
 
+def test_an_unreadable_model_registry_leaves_the_rules_running_and_says_so_once(
+    spark: Any, lake: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What a pipeline killed while it set up a fresh SQLite store used to leave behind: every
+    # later start failed its first features batch ("table _alembic_tmp_experiments already
+    # exists"), so the pipeline could not run at all.
+    from pipeline.features import features_from_events
+    from pipeline.sinks import ensure_tables
+    from tests.unit.pipeline.test_rules import events_df, registry_df
+
+    ensure_tables(spark, lake)
+    start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
+    events = events_df(spark, device_series("rogue", start, 20, firmware="6.6.6"))
+    features = features_from_events(
+        events, registry_df(spark), window="10 minutes", slide="5 minutes"
+    ).localCheckpoint()
+    store = tmp_path / "broken.db"
+    store.write_bytes(b"not a SQLite database, whatever MLflow expects" * 100)
+    writer = FeaturesBatchWriter(lake, ModelScorer(f"sqlite:///{store}", MODEL))
+
+    with caplog.at_level("ERROR", logger="pipeline.scoring"):
+        writer(features, 1)
+        writer(features, 2)
+
+    alerts = spark.read.format("delta").load(lake_table(lake, "alerts")).collect()
+    assert {a.alert_type for a in alerts} == {"rogue_device"}
+    said = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert len(said) == 1 and "running rules only" in said[0] and str(store) in said[0]
+
+
+def test_a_missing_sqlite_store_means_rules_only_and_is_not_created(tmp_path: Path) -> None:
+    store = tmp_path / "absent" / "mlflow.db"
+    scorer = ModelScorer(f"sqlite:///{store}", MODEL)
+    assert scorer.current(None, []) is None  # type: ignore[arg-type]  # no Spark work without one
+    assert not store.exists()
+
+
 def test_a_model_that_cannot_score_leaves_the_rules_running_and_says_so_once(
     spark: Any, lake: str, tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -80,7 +80,8 @@ def lake_table(root: str, name: str) -> str:
     return lake.table_path(root, name)
 
 
-def test_replayed_batch_changes_no_alert(spark: Any, lake: str, tmp_path: Path) -> None:
+def rogue_device_windows(spark: Any, lake: str) -> Any:
+    """The windows of one unregistered device (a rogue_device alert each), tables created."""
     from pipeline.features import features_from_events
     from pipeline.sinks import ensure_tables
     from tests.unit.pipeline.test_rules import events_df, registry_df
@@ -88,9 +89,13 @@ def test_replayed_batch_changes_no_alert(spark: Any, lake: str, tmp_path: Path) 
     ensure_tables(spark, lake)
     start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
     events = events_df(spark, device_series("rogue", start, 20, firmware="6.6.6"))
-    features = features_from_events(
+    return features_from_events(
         events, registry_df(spark), window="10 minutes", slide="5 minutes"
-    )
+    ).localCheckpoint()
+
+
+def test_replayed_batch_changes_no_alert(spark: Any, lake: str, tmp_path: Path) -> None:
+    features = rogue_device_windows(spark, lake)
     writer = FeaturesBatchWriter(lake, ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent"))
 
     writer(features, 7)
@@ -110,16 +115,7 @@ def test_an_unreadable_model_registry_leaves_the_rules_running_and_says_so_once(
     # What a pipeline killed while it set up a fresh SQLite store used to leave behind: every
     # later start failed its first features batch ("table _alembic_tmp_experiments already
     # exists"), so the pipeline could not run at all.
-    from pipeline.features import features_from_events
-    from pipeline.sinks import ensure_tables
-    from tests.unit.pipeline.test_rules import events_df, registry_df
-
-    ensure_tables(spark, lake)
-    start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
-    events = events_df(spark, device_series("rogue", start, 20, firmware="6.6.6"))
-    features = features_from_events(
-        events, registry_df(spark), window="10 minutes", slide="5 minutes"
-    ).localCheckpoint()
+    features = rogue_device_windows(spark, lake)
     store = tmp_path / "broken.db"
     store.write_bytes(b"not a SQLite database, whatever MLflow expects" * 100)
     writer = FeaturesBatchWriter(lake, ModelScorer(f"sqlite:///{store}", MODEL))
@@ -144,16 +140,7 @@ def test_a_missing_sqlite_store_means_rules_only_and_is_not_created(tmp_path: Pa
 def test_a_model_that_cannot_score_leaves_the_rules_running_and_says_so_once(
     spark: Any, lake: str, tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from pipeline.features import features_from_events
-    from pipeline.sinks import ensure_tables
-    from tests.unit.pipeline.test_rules import events_df, registry_df
-
-    ensure_tables(spark, lake)
-    start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
-    events = events_df(spark, device_series("rogue", start, 20, firmware="6.6.6"))
-    features = features_from_events(
-        events, registry_df(spark), window="10 minutes", slide="5 minutes"
-    ).localCheckpoint()
+    features = rogue_device_windows(spark, lake)
     writer = FeaturesBatchWriter(lake, ModelScorer(mlflow_uri, MODEL))
 
     def alert_types() -> set[tuple[str, str | None]]:

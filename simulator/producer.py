@@ -245,7 +245,10 @@ def runs_ahead_of_wall_clock(settings: SimulatorSettings, natural_rate: float) -
     """True when the simulated clock will pass the wall clock: faster than real time, with no
     ``start_time`` and a span that ``default_start`` cannot know (no ``count``, and a
     ``duration`` only at full speed)."""
-    faster = settings.rate > natural_rate or settings.accelerate != 1.0
+    if settings.rate > 0:  # the token bucket sets the pace; accelerate is not used
+        faster = settings.rate > natural_rate
+    else:
+        faster = settings.accelerate == 0 or settings.accelerate > 1.0
     paced = settings.rate > 0 or settings.accelerate > 0
     span_known = bool(settings.count) or (bool(settings.duration) and paced)
     return faster and settings.start_time is None and not span_known

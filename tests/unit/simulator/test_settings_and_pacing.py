@@ -128,6 +128,8 @@ def test_runs_with_a_known_end_reach_the_wall_clock_when_they_end() -> None:
         (SimulatorSettings(accelerate=0, duration=30, start_time=datetime(2026, 1, 1)), False),
         (SimulatorSettings(), False),
         (SimulatorSettings(rate=25), False),
+        (SimulatorSettings(rate=25, accelerate=10), False),  # the rate sets the pace
+        (SimulatorSettings(accelerate=0.5), False),
     ],
 )
 def test_the_runs_whose_clock_passes_the_wall_clock_are_told_apart(

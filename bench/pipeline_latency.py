@@ -134,6 +134,24 @@ def timeline(
     return out
 
 
+def check_running(
+    pipeline: subprocess.Popen[bytes], log: Path, simulator: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Stop the measurement when the pipeline has died: nothing it reports after that is true."""
+    if pipeline.poll() is None:
+        return
+    if simulator is not None:
+        simulator.terminate()
+    lines = log.read_text(errors="replace").splitlines()
+    errors = [line for line in lines if "Error" in line or "Exception" in line][:5]
+    raise SystemExit(
+        f"the pipeline exited with code {pipeline.returncode} during the run; first errors:\n"
+        + "\n".join(errors)
+        + "\nlast lines:\n"
+        + "\n".join(lines[-15:])
+    )
+
+
 def run(
     root: Path, bootstrap: str, args: argparse.Namespace
 ) -> tuple[int, int, float, float, list[tuple[float, float]]]:
@@ -166,6 +184,7 @@ def run(
             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         while simulator.poll() is None:
+            check_running(pipeline, root / "pipeline.log", simulator)
             memory.append((time.time(), tree_rss_mb(pipeline.pid)))
             time.sleep(5)
         out, _ = simulator.communicate()
@@ -177,6 +196,7 @@ def run(
         send_s = time.monotonic() - started
         deadline = time.monotonic() + args.drain
         while lake_rows(lake) < sent and time.monotonic() < deadline:
+            check_running(pipeline, root / "pipeline.log")
             memory.append((time.time(), tree_rss_mb(pipeline.pid)))
             time.sleep(5)
         drained_s = time.monotonic() - started

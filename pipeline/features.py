@@ -44,7 +44,7 @@ def feature_events(events: DataFrame, *, duplicates: bool) -> DataFrame:
 
 def batch_feature_input(events: DataFrame) -> DataFrame:
     """Static bronze events (copies included) as the stream sees them: the first copy of each
-    event (same event_id and event_time, as ``mark_first_copies`` decides at ingest; smallest
+    event (same event_id and event_time, as the ingest decides within a batch; smallest
     source coordinates) as an event, later copies as duplicates.
 
     Input: ``valid_events`` output. Not for streams (the stream dedups at ingest).

@@ -1,35 +1,56 @@
 """The ingest micro-batch: quarantine bad records, keep each event once in bronze ``telemetry``.
 
-Exactly once without streaming state: copies of an event are messages with the same event_id and
-event_time (the same message sent again). Within a batch the copy with the smallest Kafka
-coordinates is the original; an event already in ``telemetry`` (within the dedup horizon) from an
-earlier batch is a duplicate; it is looked up in the minutes of the batch's event times. Both
-decisions depend only on the batch and on what earlier batches wrote (rows with this batch's own
-coordinates are ignored), so a batch replayed after a crash decides the same; the appends carry
+Exactly once without Spark state: copies of an event are messages with the same event_id and
+event_time (the same message sent again). Each valid row of the batch is reduced to two 64-bit
+hashes (of the event, of its Kafka coordinates) and its Kafka timestamp, which are collected;
+``pipeline.dedup`` decides in the driver which rows are new, against the events kept within the
+dedup horizon (held in memory, loaded from ``telemetry`` when the query starts). Only the rows it
+calls copies, usually none, go back to Spark. The decision depends only on the batch and on what
+earlier batches kept, so a batch replayed after a crash decides the same; the appends carry
 (txnAppId, txnVersion=batch_id) so Delta commits each of them once.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from datetime import datetime, timezone
-from functools import reduce
+from dataclasses import dataclass, field
 
-from pyspark.sql import Column, DataFrame
+import numpy as np
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from infra import contract as c
 from infra import lake
 from pipeline import columns as col
+from pipeline.dedup import Int64s, SeenEvents
+from pipeline.settings import seconds
 from pipeline.sinks import idempotent_append, side_by_side
-from pipeline.transforms import mark_first_copies, quarantined, valid_events
+from pipeline.transforms import quarantined, valid_events
 
 log = logging.getLogger(__name__)
 
-# More separate event-time ranges than this in one batch (a backfill) are looked up as one.
-_MAX_LOOKUP_SPANS = 32
-_MINUTE_US = 60_000_000
+_ROW = "_row"  # a row's place in the materialised batch: unique within it, unlike coordinates
+
+
+def event_key(event_id: Column, event_time: Column) -> Column:
+    """The 64-bit hash that identifies an event: copies share event_id and event_time."""
+    return F.xxhash64(event_id, event_time)
+
+
+def coord_key(topic: Column, partition: Column, offset: Column) -> Column:
+    """The 64-bit hash of a message's source coordinates (the same types in batch and table)."""
+    return F.xxhash64(topic.cast("string"), partition.cast("int"), offset.cast("long"))
+
+
+@dataclass
+class MarkedBatch:
+    """A materialised batch with ``is_new`` (null for invalid rows) and what it will write."""
+
+    rows: DataFrame
+    new: int  # rows for telemetry
+    rejected: int  # rows for quarantine: invalid ones and copies
+    kept: tuple[Int64s, Int64s, Int64s]  # key, time, coord of the new events
+    times: Int64s  # every valid row's Kafka timestamp
 
 
 @dataclass
@@ -42,111 +63,109 @@ class IngestBatchWriter:
 
     lake_root: str
     app_id: str
-    dedup_horizon: str = "24 hours"
+    dedup_horizon: str = "10 minutes"
+    seen: SeenEvents | None = field(default=None, repr=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        telemetry_path = lake.table_path(self.lake_root, lake.TELEMETRY)
-        marked = self.mark_new_events(batch, telemetry_path)
-        new_events = valid_events(marked.where(F.col("is_new")))
-        duplicates = marked.where(F.col("reason").isNull() & ~F.col("is_new")).withColumns(
+        marked = self.mark_new_events(batch)
+        new_events = valid_events(marked.rows.where(F.col("is_new")))
+        duplicates = marked.rows.where(F.col("reason").isNull() & ~F.col("is_new")).withColumns(
             {
                 "reason": F.lit(c.REASON_DUPLICATE),
                 "detail": F.lit("event already ingested (same event_id and event_time)"),
             }
         )
-        rejected = quarantined(marked).unionByName(quarantined(duplicates))
+        rejected = quarantined(marked.rows).unionByName(quarantined(duplicates))
+        telemetry_path = lake.table_path(self.lake_root, lake.TELEMETRY)
         quarantine_path = lake.table_path(self.lake_root, lake.QUARANTINE)
         side_by_side(
             lambda: idempotent_append(new_events, telemetry_path, f"{self.app_id}-telemetry",
-                                      batch_id),
+                                      batch_id, rows=marked.new),
             lambda: idempotent_append(rejected, quarantine_path, f"{self.app_id}-quarantine",
-                                      batch_id),
+                                      batch_id, rows=marked.rejected),
         )  # fmt: skip
+        # Only once both are committed: a batch that failed is decided again from the same state.
+        self.state(batch.sparkSession).add(*marked.kept, marked.times)
 
-    def mark_new_events(self, parsed: DataFrame, telemetry_path: str) -> DataFrame:
-        """``parse_events`` output plus ``is_new``: the first copy of an event not yet in
-        ``telemetry`` (within the dedup horizon).
+    def state(self, spark: SparkSession) -> SeenEvents:
+        """The events kept within the horizon; loaded from ``telemetry`` at the first batch."""
+        if self.seen is None:
+            horizon_us = seconds(self.dedup_horizon) * 1_000_000
+            self.seen = load_seen_events(spark, self.lake_root, horizon_us)
+            log.info("dedup state loaded: %d events within %s", self.seen.size,
+                     self.dedup_horizon)  # fmt: skip
+        return self.seen
 
-        The decision is fixed before anything is written: the parsed batch is materialised and
-        the event ids already seen are collected, so the result cannot change when the appends
-        that follow change ``telemetry``.
+    def mark_new_events(self, parsed: DataFrame) -> MarkedBatch:
+        """Materialise the batch once and decide which valid rows are new events.
+
+        Only a few numbers per valid row travel to the driver, and only the copies found (usually
+        none) travel back, so the decision costs no shuffle and no read of ``telemetry``.
         """
         spark = parsed.sparkSession
-        parsed = mark_first_copies(parsed).localCheckpoint(eager=True)
-        firsts = parsed.where(F.col("is_first")).select(
-            "event_id",
-            "event_time",
-            F.col(col.TOPIC).alias("kafka_topic"),
-            F.col(col.PARTITION).alias("kafka_partition"),
-            F.col(col.OFFSET).alias("kafka_offset"),
+        batch = parsed.withColumn(_ROW, F.monotonically_increasing_id()).localCheckpoint(eager=True)
+        keys = (
+            batch.where(F.col(col.REASON).isNull())
+            .select(
+                _ROW,
+                event_key(F.col("event_id"), F.col("event_time")).alias("key"),
+                F.unix_micros(col.TIMESTAMP).alias("time"),
+                coord_key(F.col(col.TOPIC), F.col(col.PARTITION), F.col(col.OFFSET)).alias("coord"),
+                F.col(col.TOPIC).alias("topic"),
+                F.col(col.PARTITION).alias("partition"),
+                F.col(col.OFFSET).alias("offset"),
+            )
+            .toArrow()
         )
-        # Rows carrying this batch's own Kafka coordinates were written by an earlier attempt
-        # of this batch (killed before its checkpoint commit): they do not count as seen.
-        seen = [
-            (row.event_id, row.micros)
-            for row in spark.read.format("delta")
-            .load(telemetry_path)
-            .where(self.lookup_range(firsts))
-            .select("event_id", "event_time", *col.BRONZE_COORDS)
-            .join(F.broadcast(firsts.select("event_id", "event_time")),
-                  ["event_id", "event_time"], "left_semi")
-            .join(F.broadcast(firsts), ["event_id", *col.BRONZE_COORDS], "left_anti")
-            .select("event_id", F.unix_micros("event_time").alias("micros"))
-            .distinct()
-            .collect()
-        ]  # fmt: skip
-        seen_df = spark.createDataFrame(
-            [(*key, True) for key in seen], "event_id string, _micros long, _seen boolean"
+        rows, key, times, coord, partition, offset = (
+            keys.column(name).to_numpy()
+            for name in (_ROW, "key", "time", "coord", "partition", "offset")
         )
-        keys = (parsed["event_id"] == seen_df["event_id"]) & (
-            F.unix_micros(parsed["event_time"]) == seen_df["_micros"]
+        _, topic = np.unique(
+            keys.column("topic").to_numpy(zero_copy_only=False), return_inverse=True
         )
-        is_new = F.coalesce(F.col("is_first") & seen_df["_seen"].isNull(), F.lit(False))
-        return (
-            parsed.join(F.broadcast(seen_df), keys, "left")
-            .select(parsed["*"], is_new.alias("is_new"))
-            .drop("is_first")
-        )
-
-    def lookup_range(self, firsts: DataFrame) -> Column:
-        """Where copies of ``firsts`` can be in ``telemetry``: the minutes of their event times,
-        within the dedup horizon. Delta skips the files outside (min/max of event_time), so the
-        lookup reads what the batch could repeat, not the whole table: a live batch's events
-        fall in a few minutes, and the files covering them are those of the last few batches.
-        """
-        minutes = [
-            row.m
-            for row in firsts.select(F.unix_micros(F.date_trunc("minute", "event_time")).alias("m"))
-            .distinct()
-            .collect()
-        ]
-        if not minutes:
-            return F.lit(False)
-        horizon = F.col("event_time") >= F.current_timestamp() - F.expr(
-            f"INTERVAL {self.dedup_horizon}"
-        )
-        in_spans = [
-            (F.col("event_time") >= F.lit(_utc(start))) & (F.col("event_time") < F.lit(_utc(end)))
-            for start, end in lookup_spans(minutes)
-        ]
-        return horizon & reduce(lambda a, b: a | b, in_spans)
-
-
-def lookup_spans(minutes: list[int], max_spans: int = _MAX_LOOKUP_SPANS) -> list[tuple[int, int]]:
-    """Half-open ``[start, end)`` ranges (epoch microseconds) covering the given whole minutes,
-    adjacent minutes joined; more than ``max_spans`` ranges (a backfill) become one from the
-    first to the last."""
-    spans: list[tuple[int, int]] = []
-    for minute in sorted(set(minutes)):
-        end = minute + _MINUTE_US
-        if spans and spans[-1][1] == minute:
-            spans[-1] = (spans[-1][0], end)
+        # Rank by source coordinates (then by place, for the files source's equal coordinates):
+        # the first copy within the batch is the smallest.
+        rank = np.empty(len(rows), dtype=np.int64)
+        rank[np.lexsort((rows, offset, partition, topic))] = np.arange(len(rows))
+        is_new = self.state(spark).decide(key, times, coord, rank)
+        copies = rows[~is_new]
+        valid = F.col(col.REASON).isNull()
+        if len(copies):
+            copy_rows = spark.createDataFrame([(int(r), True) for r in copies],
+                                              f"{_ROW} long, _copy boolean")  # fmt: skip
+            batch = batch.join(F.broadcast(copy_rows), _ROW, "left")
+            is_new_col = F.when(valid, F.col("_copy").isNull())
         else:
-            spans.append((minute, end))
-    if len(spans) > max_spans:
-        return [(spans[0][0], spans[-1][1])]
-    return spans
+            is_new_col = F.when(valid, F.lit(True))
+        return MarkedBatch(
+            rows=batch.select(*parsed.columns, is_new_col.alias("is_new")),
+            new=int(is_new.sum()),
+            rejected=batch.count() - len(rows) + len(copies),
+            kept=(key[is_new], times[is_new], coord[is_new]),
+            times=times,
+        )
 
 
-def _utc(micros: int) -> datetime:
-    return datetime.fromtimestamp(micros / 1_000_000, tz=timezone.utc)
+def load_seen_events(spark: SparkSession, lake_root: str, horizon_us: int) -> SeenEvents:
+    """The dedup state as ``telemetry`` holds it: the events that arrived within the horizon of
+    the newest one."""
+    telemetry = spark.read.format("delta").load(lake.table_path(lake_root, lake.TELEMETRY))
+    # max of the bare column: Delta answers it from its file statistics, without a scan.
+    newest = telemetry.agg(F.max("kafka_timestamp").alias("t")).select(F.unix_micros("t")).first()
+    if newest is None or newest[0] is None:
+        return SeenEvents(horizon_us)
+    since = F.timestamp_micros(F.lit(newest[0] - horizon_us))
+    kept = (
+        telemetry.where(F.col("kafka_timestamp") >= since)
+        .select(
+            event_key(F.col("event_id"), F.col("event_time")).alias("key"),
+            F.unix_micros("kafka_timestamp").alias("time"),
+            coord_key(*(F.col(name) for name in col.BRONZE_COORDS)).alias("coord"),
+        )
+        .toArrow()
+    )
+    key, times, coord = (kept.column(name).to_numpy() for name in ("key", "time", "coord"))
+    seen = SeenEvents(horizon_us)
+    seen.add(key, times, coord, times)
+    return seen

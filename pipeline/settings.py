@@ -66,8 +66,10 @@ class PipelineSettings(CommonSettings):
         "ones are quarantined (bad_timestamp) so a fast device clock cannot move the watermark",
     )
     dedup_horizon: str = Field(
-        default="24 hours",
-        description="How far back a repeated event (event_id and event_time) is recognised",
+        default="10 minutes",
+        description="How long after an event reached Kafka a copy of it (same event_id and "
+        "event_time) is still recognised as one; the ids are held in memory (24 bytes each: 72 MB "
+        "at 5,000 events/s for 10 minutes)",
     )
     app_id: str = Field(
         default="iotfraud", description="Delta txnAppId prefix for idempotent appends"

@@ -40,13 +40,16 @@ def ensure_tables(spark: SparkSession, lake_root: str) -> None:
         ensure_table(spark, lake.table_path(lake_root, table), columns)
 
 
-def idempotent_append(df: DataFrame, path: str, app_id: str, version: int) -> None:
+def idempotent_append(
+    df: DataFrame, path: str, app_id: str, version: int, *, rows: int | None = None
+) -> None:
     """Append ``df`` once: Delta skips a write whose (txnAppId, txnVersion) it has committed.
 
     An empty ``df`` writes nothing: the commit alone costs about a second, and skipping a version
-    is safe (Delta compares a later write's version with the highest one committed).
+    is safe (Delta compares a later write's version with the highest one committed). ``rows``,
+    when the caller knows it, spares the job that would find out whether ``df`` is empty.
     """
-    if df.isEmpty():
+    if rows == 0 or (rows is None and df.isEmpty()):
         return
     (
         df.write.format("delta")

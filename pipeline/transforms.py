@@ -198,19 +198,6 @@ def _quarantine_columns() -> list[Column]:
     ]
 
 
-def mark_first_copies(parsed: DataFrame) -> DataFrame:
-    """``parse_events`` output plus ``is_first``: true for the valid copy of each event with the
-    smallest Kafka coordinates, false for later valid copies, null for invalid rows. Copies of an
-    event are messages with the same event_id and event_time (the same message sent again).
-
-    A batch transform (a window over the rows); use it inside ``foreachBatch``, not on a stream.
-    """
-    valid = F.col(col.REASON).isNull()
-    # Invalid rows are ranked apart from the valid copies of their event and never come first.
-    first = copy_rank([col.TOPIC, col.PARTITION, col.OFFSET], valid) == 1
-    return parsed.withColumn("is_first", F.when(valid, first))
-
-
 def copy_rank(coordinates: Sequence[str], *among: Column) -> Column:
     """A row's place among the copies of its event (same event_id and event_time, and the same
     values of ``among``), in order of its source ``coordinates``: 1 is the original."""

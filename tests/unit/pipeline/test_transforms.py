@@ -9,7 +9,11 @@ from typing import Any
 import pytest
 
 from infra import contract as c
-from pipeline.transforms import mark_first_copies, parse_events, quarantined, valid_events
+from pipeline.dedup import SeenEvents
+from pipeline.ingest import IngestBatchWriter
+from pipeline.transforms import parse_events, quarantined, valid_events
+
+HORIZON_US = 10 * 60 * 1_000_000
 
 RAW_DDL = "key string, value binary, topic string, partition int, offset long, timestamp timestamp"
 KAFKA_TS = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
@@ -125,7 +129,10 @@ def test_the_first_copy_of_an_event_is_the_valid_one_with_smallest_coordinates(s
     values = [json.dumps(event(event_id=e)).encode() for e in ("a", "b", "a", "a")]
     # An invalid copy of "b" (seq out of range) comes first but cannot be the original.
     values.insert(0, json.dumps(event(event_id="b", seq=-1)).encode())
-    marked = mark_first_copies(parse_events(spark.createDataFrame(raw_rows(values), RAW_DDL)))
-    flags = sorted((r.event_id, r.offset, r.is_first) for r in marked.collect())
+    writer = IngestBatchWriter("unused-lake", "test", seen=SeenEvents(HORIZON_US))
+    marked = writer.mark_new_events(parse_events(spark.createDataFrame(raw_rows(values), RAW_DDL)))
+    flags = sorted((r.event_id, r.offset, r.is_new) for r in marked.rows.collect())
     assert flags == [("a", 1, True), ("a", 3, False), ("a", 4, False), ("b", 0, None),
                      ("b", 2, True)]  # fmt: skip
+    # Two events for telemetry; the invalid row and the two copies for quarantine.
+    assert (marked.new, marked.rejected) == (2, 3)

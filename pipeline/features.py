@@ -17,9 +17,12 @@ from pipeline.transforms import copy_rank
 EARTH_RADIUS_KM = 6371.0
 # Metrics whose statistics the detectors and the model read.
 STAT_FUNCS = {"mean": F.avg, "std": F.stddev_samp, "min": F.min, "max": F.max}
-# Relative error of the distinct counts (HyperLogLog++, exact enough at a window's few dozen
-# readings; a sketch of 52 longs per metric in the window state).
-DISTINCT_RSD = 0.05
+# Relative error of the distinct counts (HyperLogLog++). At a window's few dozen readings the
+# sketch counts almost exactly either way; 0.1 keeps 128 registers (12 longs per metric in the
+# window state) instead of 0.05's 512, and the smaller state cut a features batch at 100,000
+# devices by a fifth (docs/PERFORMANCE.md). Changing it changes the window state: see the README
+# on upgrades that change the features.
+DISTINCT_RSD = 0.1
 REGISTRY_COLUMNS = ("device_type", "site_lat", "site_lon", "expected_firmware", "status")
 # Event columns the feature stage reads; ``is_duplicate`` is added by ``feature_events``.
 EVENT_COLUMNS = ("device_id", "event_time", "seq", "firmware", "lat", "lon", *c.METRICS)
@@ -132,7 +135,11 @@ def _window_aggregates() -> list[Column]:
     for metric in c.REPEAT_METRICS:
         # Exact distinct counts are not allowed on a stream; the sketch is.
         distinct = F.approx_count_distinct(metric, rsd=DISTINCT_RSD)
-        aggs.append(F.try_divide(distinct, F.count(metric)).alias(f"{metric}_distinct_share"))
+        share = F.try_divide(distinct, F.count(metric))
+        # The sketch can count a few more than there are (about DISTINCT_RSD): a share is <= 1.
+        aggs.append(
+            F.when(share.isNotNull(), F.least(F.lit(1.0), share)).alias(f"{metric}_distinct_share")
+        )
     return aggs
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.features import features_from_events
+from pipeline.features import DISTINCT_RSD, features_from_events
 from tests.pipeline_helpers import device_series
 from tests.unit.pipeline.test_rules import events_df, registry_df
 
@@ -41,8 +41,10 @@ def test_distinct_share_shows_a_sensor_that_repeats_one_value(spark: Any) -> Non
     features = features_from_events(events, registry_df(spark), window="10 minutes",
                                      slide="10 minutes")  # fmt: skip
     rows = {r.device_id: r for r in features.where("event_count >= 10").collect()}
-    assert rows["travel"].power_w_distinct_share == pytest.approx(6 / 20)
+    # Distinct readings are counted by a sketch, within about DISTINCT_RSD.
+    assert rows["travel"].power_w_distinct_share == pytest.approx(6 / 20, rel=DISTINCT_RSD)
     # The clean series repeats its temperature (3 values) but never its power.
-    assert rows["clean"].power_w_distinct_share == pytest.approx(1.0)
-    assert rows["clean"].temperature_c_distinct_share == pytest.approx(3 / 20)
+    assert rows["clean"].power_w_distinct_share == pytest.approx(1.0, rel=DISTINCT_RSD)
+    assert rows["clean"].power_w_distinct_share <= 1.0
+    assert rows["clean"].temperature_c_distinct_share == pytest.approx(3 / 20, rel=DISTINCT_RSD)
     assert rows["clean"].humidity_pct_distinct_share is None  # a meter has no humidity sensor

@@ -17,8 +17,9 @@ prints a JSON object:
 - per query, from ``pipeline_metrics``: batches, batch duration p50/p95, input rows/s, state rows
   at the start and at the end, late rows dropped;
 - the pipeline's resident memory (Python driver + JVM) sampled every 5 s: first, max, last;
-- a timeline in ``--bucket``-second steps (for long runs: is anything growing?): memory, state
-  rows of each stateful query, and the ingest latency p95 of the rows written in that step;
+- a timeline in ``--bucket``-second steps (for long runs: is anything growing?): memory (median
+  and max of the samples), state rows of each stateful query, and the ingest latency p95 of the
+  rows written in that step;
 - whether the pipeline kept up: rows in the lake at the end of sending vs messages sent.
 
 A device reports every 10-30 s by default (about 20 s on average; ``IOT_SIM_INTERVAL_MIN_S`` and
@@ -106,8 +107,9 @@ def query_metrics(lake: str) -> dict[str, Any]:
 def timeline(
     lake: str, ingest: pd.DataFrame, memory: list[tuple[float, float]], bucket_s: float
 ) -> list[dict[str, Any]]:
-    """Per ``bucket_s`` since the first memory sample: memory max, last state rows per stateful
-    query, ingest latency p95 of the rows written then."""
+    """Per ``bucket_s`` since the first memory sample: memory median and max (a steady level
+    tells growth from short peaks), last state rows per stateful query, ingest latency p95 of the
+    rows written then."""
     if not memory:
         return []
     start = memory[0][0]
@@ -131,7 +133,8 @@ def timeline(
         }
         latency = ingest.loc[ingest["step"] == step, "latency_s"]
         out.append({"minute": round(float(step) * bucket_s / 60, 1),
-                    "rss_mb_max": round(mem.mb.max()), "state_rows": state,
+                    "rss_mb_p50": round(mem.mb.median()), "rss_mb_max": round(mem.mb.max()),
+                    "state_rows": state,
                     "ingest_latency_p95_s": round(float(latency.quantile(0.95)), 1)
                     if len(latency) else None})  # fmt: skip
     return out

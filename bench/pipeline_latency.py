@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,27 +53,45 @@ from bench_broker import bench_broker
 from iotfraud.demo import alert_latency, table_rows
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of ``pid`` and its descendants, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
+@dataclass
+class TreeMemory:
+    """Resident memory of a process and its descendants, from /proc (Linux).
+
+    A descendant counts only from its second sample on. The JVM starts short-lived helpers
+    (Hadoop's shell commands) several times a second, and until such a child calls exec it shares
+    the JVM's address space, so /proc shows it with the JVM's whole RSS: counted, one sample in
+    dozens would read about 3 GB too high.
+    """
+
+    pid: int
+    _seen: set[int] = field(default_factory=set)
+
+    def sample_mb(self) -> float:
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                children.setdefault(ppid, []).append(int(entry.name))
+        tree, todo = [self.pid], list(children.get(self.pid, []))
+        while todo:
+            current = todo.pop()
+            tree.append(current)
+            todo.extend(children.get(current, []))
+        total_kb = 0
+        for current in tree:
+            if current != self.pid and current not in self._seen:
                 continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    total_kb, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            status = Path(f"/proc/{current}/status").read_text()
-        except OSError:
-            continue
-        match = re.search(r"VmRSS:\s+(\d+) kB", status)
-        total_kb += int(match.group(1)) if match else 0
-        todo.extend(children.get(current, []))
-    return total_kb / 1024
+            try:
+                status = Path(f"/proc/{current}/status").read_text()
+            except OSError:
+                continue
+            match = re.search(r"VmRSS:\s+(\d+) kB", status)
+            total_kb += int(match.group(1)) if match else 0
+        self._seen = set(tree)
+        return total_kb / 1024
 
 
 def lake_rows(lake: str) -> int:
@@ -179,10 +198,12 @@ def run(
     pipeline = subprocess.Popen([sys.executable, "-m", "pipeline", "run"], env=env,
                                 stdout=log, stderr=log, start_new_session=True)  # fmt: skip
     memory: list[tuple[float, float]] = []  # (unix time, MB)
+    tree_memory = TreeMemory(pipeline.pid)
     try:
         while lake_rows(lake) < 1:  # the single warm-up message is through: it runs
             assert pipeline.poll() is None, (root / "pipeline.log").read_text()[-3000:]
             time.sleep(1)
+        tree_memory.sample_mb()  # learns the processes; from the next sample on they count
         started = time.monotonic()
         simulator = subprocess.Popen(
             [sys.executable, "-m", "simulator", "simulate", "--rate", str(args.rate),
@@ -191,7 +212,7 @@ def run(
         )  # fmt: skip
         while simulator.poll() is None:
             check_running(pipeline, root / "pipeline.log", simulator)
-            memory.append((time.time(), tree_rss_mb(pipeline.pid)))
+            memory.append((time.time(), tree_memory.sample_mb()))
             time.sleep(5)
         out, _ = simulator.communicate()
         final = out.decode().strip().splitlines()[-1]
@@ -203,7 +224,7 @@ def run(
         deadline = time.monotonic() + args.drain
         while lake_rows(lake) < sent and time.monotonic() < deadline:
             check_running(pipeline, root / "pipeline.log")
-            memory.append((time.time(), tree_rss_mb(pipeline.pid)))
+            memory.append((time.time(), tree_memory.sample_mb()))
             time.sleep(5)
         drained_s = time.monotonic() - started
         time.sleep(30)  # the features query finishes its last batches

@@ -16,7 +16,8 @@ prints a JSON object:
   on it committed), p50/p95;
 - per query, from ``pipeline_metrics``: batches, batch duration p50/p95, input rows/s, state rows
   at the start and at the end, late rows dropped;
-- the pipeline's resident memory (Python driver + JVM) sampled every 5 s: first, max, last;
+- the pipeline's resident memory (Python driver, JVM, Python workers) sampled every 5 s: first,
+  max, last;
 - a timeline in ``--bucket``-second steps (for long runs: is anything growing?): memory (median
   and max of the samples), state rows of each stateful query, and the ingest latency p95 of the
   rows written in that step;
@@ -57,10 +58,10 @@ from iotfraud.demo import alert_latency, table_rows
 class TreeMemory:
     """Resident memory of a process and its descendants, from /proc (Linux).
 
-    A descendant counts only from its second sample on. The JVM starts short-lived helpers
-    (Hadoop's shell commands) several times a second, and until such a child calls exec it shares
-    the JVM's address space, so /proc shows it with the JVM's whole RSS: counted, one sample in
-    dozens would read about 3 GB too high.
+    A descendant counts only from its second sample on. The JVM starts short-lived child
+    processes several times a second, and until such a child calls exec it shares the JVM's
+    address space, so /proc shows it with the JVM's whole RSS: counted, one sample in dozens would
+    read about 3 GB too high (docs/PERFORMANCE.md, the soak).
     """
 
     pid: int

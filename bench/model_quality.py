@@ -37,7 +37,7 @@ from models.dataset import History, simulated_history
 from models.evaluation import missed
 from models.live_eval import format_table
 from models.settings import ModelSettings
-from models.train import fit_detector, holdout_report, model_alerts
+from models.train import fit_detector, holdout_report, holdout_scores, model_alerts
 from pipeline.settings import PipelineSettings
 
 
@@ -80,10 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     detector, validation = fit_detector(train, settings)
     fit_s = time.perf_counter() - start
-    scores = detector.score(holdout.features)
+    scores = holdout_scores(detector, holdout)
     report, metrics = holdout_report(holdout, scores, 0.5)
 
-    print(f"train: {len(train.features):,} windows ({int(validation.sum()):,} validation), "
+    print(f"train: {len(train.features):,} windows ({len(train.scored.features):,} scored, "
+          f"{int(validation.sum()):,} of them validation), "
           f"{len(train.truth)} injections; held-out: {len(holdout.features):,} windows, "
           f"{len(holdout.truth)} injections")  # fmt: skip
     print(f"fit {fit_s:.0f} s; p_threshold {detector.p_threshold:.4g}, "
@@ -117,7 +118,7 @@ def simulate_histories(
                 spark, devices=settings.devices, hours=hours, seed=seed,
                 scenario_rate=settings.scenario_rate, start_time=settings.start_time,
                 folder=Path(tmp) / folder, window=window, slide=slide,
-                min_overlap_s=settings.min_overlap_s,
+                min_overlap_s=settings.min_overlap_s, spec=pipeline.profile_spec(),
             )  # fmt: skip
             return result, time.perf_counter() - start
 

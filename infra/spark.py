@@ -38,6 +38,8 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         "spark.databricks.delta.snapshotPartitions": str(partitions),
         "spark.sql.streaming.minBatchesToRetain": "20",
         "spark.sql.adaptive.enabled": "false",
+        # Detection runs on the driver in pandas: window rows cross to it through Arrow.
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
         # The firmware join's update stream is quiet most of the time: with the default (min)
         # policy its stale watermark would hold back the telemetry's, and with it every alert.
         "spark.sql.streaming.multipleWatermarkPolicy": "max",

@@ -2,8 +2,10 @@
 
 History comes from the simulator in accelerated time (written as JSON lines and read back through
 the pipeline's file-source shape and parser) or from telemetry already in the lake. Either way the
-windows are computed by ``pipeline.features.features_from_events``, the function the stream runs,
-and the rule alerts by ``pipeline.rules.rule_alerts``, so training sees what production sees.
+windows are computed by ``pipeline.features.features_from_events``, the function the stream runs;
+each window is then compared with its device's own normal by ``pipeline.profiles``, and the rule
+alerts come from ``pipeline.rules.rule_alerts``, as the stream does once the watermark closes the
+window. So training rows are exactly the rows the stream scores.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from infra import contract as c
 from infra import lake
 from models.evaluation import window_labels
 from pipeline.features import batch_feature_input, feature_events, features_from_events
-from pipeline.rules import rule_alerts
+from pipeline.profiles import (
+    ProfileSpec,
+    history_rows,
+    learned,
+    profiles,
+    relative_features,
+    scorable,
+)
+from pipeline.rules import RuleThresholds, rule_alerts
 from pipeline.sources import file_records
 from pipeline.transforms import parse_events, valid_events
 
@@ -34,8 +44,9 @@ ALERT_COLUMNS = ["device_id", "alert_type", "window_start", "window_end", "last_
 
 @dataclass
 class History:
-    """Window features (one row per device and window) with their labels, the injections, and
-    the alerts the pipeline's rules raise on the same windows."""
+    """Window features (one row per device and window) with their relative features, labels
+    and whether the stream's model would score them (``scorable``), the injections, and the
+    alerts the pipeline's rules raise on the same windows."""
 
     features: pd.DataFrame
     truth: pd.DataFrame
@@ -44,6 +55,12 @@ class History:
     @property
     def labels(self) -> pd.Series:
         return self.features["label"]
+
+    @property
+    def scored(self) -> History:
+        """Only the windows the stream's model scores (past cold start, filled enough)."""
+        return History(self.features[self.features["scorable"]].reset_index(drop=True),
+                       self.truth, self.rule_alerts)  # fmt: skip
 
 
 def simulate(
@@ -102,6 +119,22 @@ def simulated_events(spark: SparkSession, landing: Path) -> DataFrame:
     return valid_events(parse_events(file_records(lines)))
 
 
+def scoring_rows(
+    windows: pd.DataFrame, spec: ProfileSpec, rules: RuleThresholds | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Final windows (``window_features`` rows as pandas) as the stream's detection sees them
+    once the watermark has closed them all: with their relative features and ``scorable``, and
+    the rule alerts raised on them."""
+    rules = rules or RuleThresholds()
+    windows = windows.reset_index(drop=True)
+    prof = profiles(windows, history_rows(windows, rules.default.min_events), spec)
+    alerts = rule_alerts(windows.join(learned(prof)), rules)
+    relative = relative_features(windows, prof, spec)
+    rows = pd.concat([windows, relative], axis=1)
+    rows["scorable"] = scorable(relative, spec)
+    return rows, alerts
+
+
 def build_history(
     spark: SparkSession,
     feature_input: DataFrame,
@@ -111,15 +144,12 @@ def build_history(
     window: str,
     slide: str,
     min_overlap_s: float,
+    spec: ProfileSpec,
 ) -> History:
     """Window features and rule alerts of ``feature_input`` (``feature_events`` rows), labelled."""
     features = features_from_events(feature_input, devices, window=window, slide=slide)
-    features = features.persist()
-    try:
-        frame = features.toPandas()
-        alerts = rule_alerts(features).select(*ALERT_COLUMNS).toPandas()
-    finally:
-        features.unpersist()
+    frame, alerts = scoring_rows(features.toPandas(), spec)
+    alerts = alerts[ALERT_COLUMNS]
     frame["label"] = window_labels(frame, truth, min_overlap_s)
     counts = frame["label"].value_counts().to_dict()
     log.info("%d windows: %s", len(frame), counts)
@@ -138,6 +168,7 @@ def simulated_history(
     window: str,
     slide: str,
     min_overlap_s: float,
+    spec: ProfileSpec,
 ) -> History:
     """Simulate, then featurise and label (see ``simulate`` and ``build_history``)."""
     lake_root, truth = simulate(
@@ -150,12 +181,13 @@ def simulated_history(
     )
     events = batch_feature_input(simulated_events(spark, folder / "landing"))
     registry = spark.read.format("delta").load(lake.table_path(str(lake_root), lake.DEVICES))
-    return build_history(spark, events, registry, truth,
-                         window=window, slide=slide, min_overlap_s=min_overlap_s)  # fmt: skip
+    return build_history(spark, events, registry, truth, window=window, slide=slide,
+                         min_overlap_s=min_overlap_s, spec=spec)  # fmt: skip
 
 
 def lake_history(
-    spark: SparkSession, lake_root: str, *, window: str, slide: str, min_overlap_s: float
+    spark: SparkSession, lake_root: str, *, window: str, slide: str, min_overlap_s: float,
+    spec: ProfileSpec,
 ) -> History:
     """Telemetry, duplicates, registry and ground truth already in the lake (batch reads)."""
     from deltalake import DeltaTable
@@ -168,5 +200,5 @@ def lake_history(
         feature_events(duplicates, duplicates=True)
     )
     truth = DeltaTable(lake.table_path(lake_root, lake.GROUND_TRUTH)).to_pandas()
-    return build_history(spark, events, table(lake.DEVICES), truth,
-                         window=window, slide=slide, min_overlap_s=min_overlap_s)  # fmt: skip
+    return build_history(spark, events, table(lake.DEVICES), truth, window=window, slide=slide,
+                         min_overlap_s=min_overlap_s, spec=spec)  # fmt: skip

@@ -53,8 +53,8 @@ def log_detector(
         pickle.dump(detector, handle)
     columns = list(detector.input_columns)
     example = example[columns].head(5).reset_index(drop=True)
-    example = example.astype({name: "float64" for name in columns[1:]})
-    # Every input optional: a rogue device has no device_type, a tracker no power readings.
+    example = example.astype("float64")
+    # Every input optional: a metric a device lacks is missing, and so are its features.
     inferred = infer_signature(example, detector.score(example))
     inputs = Schema([
         ColSpec(spec.type, spec.name, required=False) for spec in inferred.inputs.inputs

@@ -25,6 +25,7 @@ from models.detector import MODEL_SCENARIOS, Detector, choose_thresholds, fit
 from models.evaluation import CLEAN, evaluate, false_alerts_per_10k
 from models.pyfunc import log_detector
 from models.settings import ModelSettings
+from pipeline.profiles import ProfileSpec
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,9 @@ def holdout_report(
     false, clean, per_10k = false_alerts_per_10k(labelled, history.labels)
     metrics.update(holdout_false_alerts=false, holdout_clean_windows=clean,
                    holdout_false_alerts_per_10k_clean_windows=per_10k)  # fmt: skip
-    metrics.update(
-        {f"holdout_{k}": v for k, v in model_score(scores, history.labels, threshold).items()}
-    )
+    scored = history.features["scorable"].to_numpy()
+    window_metrics = model_score(scores[scored], history.labels[scored], threshold)
+    metrics.update({f"holdout_{k}": v for k, v in window_metrics.items()})
     return report, metrics
 
 
@@ -129,8 +130,10 @@ def split_devices(frame: pd.DataFrame, fraction: float, seed: int) -> np.ndarray
 
 
 def fit_detector(history: History, settings: ModelSettings) -> tuple[Detector, np.ndarray]:
-    """The detector fitted on the training devices of ``history``, thresholds chosen on its
-    validation devices; returns it with the validation mask."""
+    """The detector fitted on the training devices of ``history``'s scored windows, thresholds
+    chosen on its validation devices; returns it with the validation mask (of the scored
+    windows)."""
+    history = history.scored
     validation = split_devices(history.features, settings.validation_fraction, settings.seed)
     frame, labels = history.features, history.labels
     detector = fit(frame[~validation], labels[~validation], settings.seed)
@@ -159,12 +162,22 @@ def champion_score(tracking_uri: str, name: str, holdout: History) -> registry.S
         log.warning("champion %s cannot score the current features (%r): it does not count "
                     "against the candidate", uri, error)  # fmt: skip
         return None
-    metrics = model_score(scores, holdout.labels, threshold)
+    scored = holdout.features["scorable"].to_numpy()
+    metrics = model_score(scores[scored], holdout.labels[scored], threshold)
     return registry.Score(metrics["model_f1"], metrics["model_pr_auc"])
 
 
+def holdout_scores(detector: Detector, holdout: History) -> np.ndarray:
+    """Scores of every held-out window; 0 for those the stream's model does not score."""
+    scores = np.zeros(len(holdout.features))
+    rows = holdout.features["scorable"].to_numpy()
+    if rows.any():
+        scores[rows] = detector.score(holdout.features[rows])
+    return scores
+
+
 def train(spark: SparkSession, settings: ModelSettings, tracking_uri: str, *, window: str,
-          slide: str) -> TrainResult:  # fmt: skip
+          slide: str, spec: ProfileSpec) -> TrainResult:  # fmt: skip
     import mlflow
 
     def history(seed: int, hours: float, folder: str) -> History:
@@ -172,15 +185,15 @@ def train(spark: SparkSession, settings: ModelSettings, tracking_uri: str, *, wi
             spark, devices=settings.devices, hours=hours, seed=seed,
             scenario_rate=settings.scenario_rate, start_time=settings.start_time,
             folder=Path(settings.workdir) / folder, window=window, slide=slide,
-            min_overlap_s=settings.min_overlap_s,
+            min_overlap_s=settings.min_overlap_s, spec=spec,
         )  # fmt: skip
 
     history_ = history(settings.seed, settings.hours, "train")
     holdout = history(settings.holdout_seed, settings.holdout_hours, "holdout")
 
     detector, validation = fit_detector(history_, settings)
-    frame, labels = history_.features, history_.labels
-    scores = detector.score(holdout.features)
+    frame, labels = history_.scored.features, history_.scored.labels
+    scores = holdout_scores(detector, holdout)
     report, metrics = holdout_report(holdout, scores, 0.5)
     score = registry.Score(metrics["holdout_model_f1"], metrics["holdout_model_pr_auc"])
     champion = champion_score(tracking_uri, settings.name, holdout)
@@ -194,7 +207,8 @@ def train(spark: SparkSession, settings: ModelSettings, tracking_uri: str, *, wi
         "devices": settings.devices, "hours": settings.hours, "seed": settings.seed,
         "holdout_seed": settings.holdout_seed, "holdout_hours": settings.holdout_hours,
         "scenario_rate": settings.scenario_rate, "window": window, "slide": slide,
-        "min_overlap_s": settings.min_overlap_s,
+        "min_overlap_s": settings.min_overlap_s, "profile_span_s": spec.span_s,
+        "profile_min_windows": spec.min_windows,
         "max_false_alert_rate": settings.max_false_alert_rate,
         "classifier": type(detector.classifier).__name__,
         "p_threshold": detector.p_threshold, "z_threshold": detector.z_threshold,

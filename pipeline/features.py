@@ -58,14 +58,19 @@ def batch_feature_input(events: DataFrame) -> DataFrame:
 
 
 def haversine_km(lat1: Column, lon1: Column, lat2: Column, lon2: Column) -> Column:
-    """Great-circle distance in km (null when any input is null)."""
+    """Great-circle distance in km; null when any input is null (no location is no distance).
+
+    The null check is explicit: ``least`` skips nulls, so without it a missing coordinate
+    would read as half the Earth's circumference (a 20,015 km "jump").
+    """
     dlat = F.radians(lat2 - lat1)
     dlon = F.radians(lon2 - lon1)
     a = (
         F.sin(dlat / 2) ** 2
         + F.cos(F.radians(lat1)) * F.cos(F.radians(lat2)) * F.sin(dlon / 2) ** 2
     )
-    return F.lit(2 * EARTH_RADIUS_KM) * F.asin(F.sqrt(F.least(F.lit(1.0), a)))
+    known = lat1.isNotNull() & lon1.isNotNull() & lat2.isNotNull() & lon2.isNotNull()
+    return F.when(known, F.lit(2 * EARTH_RADIUS_KM) * F.asin(F.sqrt(F.least(F.lit(1.0), a))))
 
 
 def with_device(events: DataFrame, devices: DataFrame) -> DataFrame:

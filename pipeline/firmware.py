@@ -24,9 +24,8 @@ from pyspark.sql import functions as F
 from infra import contract as c
 from infra import lake
 from pipeline import columns as col
-from pipeline.detection import merge_alerts
+from pipeline.alerts import alert_id, merge_alerts
 from pipeline.features import with_device
-from pipeline.rules import alert_id
 from pipeline.sinks import idempotent_append, side_by_side
 
 log = logging.getLogger(__name__)

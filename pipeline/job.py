@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
@@ -37,8 +38,9 @@ from pipeline.firmware import (
 )
 from pipeline.ingest import IngestBatchWriter
 from pipeline.metrics import MetricsListener
+from pipeline.rules import RuleThresholds
 from pipeline.scoring import ModelScorer
-from pipeline.settings import PipelineSettings
+from pipeline.settings import PipelineSettings, seconds
 from pipeline.sinks import ensure_tables
 from pipeline.sources import kafka_source, raw_source
 from pipeline.transforms import parse_events
@@ -118,6 +120,8 @@ class Pipeline:
     listener: MetricsListener
     scorer: ModelScorer | None = None
     queries: list[StreamingQuery] = field(default_factory=list)
+    # Receives the rows the model scores (see ``FeaturesBatchWriter.on_scoring``).
+    on_scoring: Callable[[pd.DataFrame], None] | None = None
 
     def checkpoint(self, query: str) -> str:
         return os.path.join(self.settings.checkpoint_root, query)
@@ -175,7 +179,14 @@ class Pipeline:
             slide=s.slide,
             watermark=s.watermark,
         )
-        writer = FeaturesBatchWriter(s.lake_root, self.scorer)
+        writer = FeaturesBatchWriter(
+            s.lake_root,
+            self.scorer,
+            rules=RuleThresholds.parse(s.rule_thresholds),
+            spec=s.profile_spec(),
+            watermark_s=seconds(s.watermark),
+            on_scoring=self.on_scoring,
+        )
         return self._start(features, FEATURES, writer, output_mode="update")
 
     @property
@@ -212,14 +223,18 @@ class Pipeline:
         return [f"{q.name}: {q.exception()}" for q in self.queries if q.exception() is not None]
 
 
-def prepare(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
+def prepare(
+    spark: SparkSession,
+    settings: PipelineSettings,
+    on_scoring: Callable[[pd.DataFrame], None] | None = None,
+) -> Pipeline:
     """Check the set-up, create missing tables, register the metrics listener; start nothing."""
     check_locations(settings)
     check_topic(settings)
     ensure_tables(spark, settings.lake_root)
     listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS))
     spark.streams.addListener(listener)
-    return Pipeline(spark, settings, listener, model_scorer(settings))
+    return Pipeline(spark, settings, listener, model_scorer(settings), on_scoring=on_scoring)
 
 
 def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
@@ -234,9 +249,14 @@ def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
     return pipeline
 
 
-def run_available_now(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
+def run_available_now(
+    spark: SparkSession,
+    settings: PipelineSettings,
+    on_scoring: Callable[[pd.DataFrame], None] | None = None,
+) -> Pipeline:
     """Catch up on everything available, one stage after the other, then return."""
-    pipeline = prepare(spark, settings.model_copy(update={"trigger": "available_now"}))
+    settings = settings.model_copy(update={"trigger": "available_now"})
+    pipeline = prepare(spark, settings, on_scoring)
     try:
         if pipeline.checks_firmware:
             pipeline.start_firmware_ingest().awaitTermination()

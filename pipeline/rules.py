@@ -1,127 +1,189 @@
-"""Deterministic detection rules over window features (pure; batch or ``foreachBatch`` data).
+"""Deterministic detection rules over window features (pure pandas; the stream and training).
 
-Each rule is a named condition on one features row plus a severity, a score and a reason text.
+Each rule is a named condition on one features row, with a severity, a score and a reason text.
 ``rule_alerts`` turns features into one row per (device, window, alert type) that fired.
+
+Rules read missing data as missing: no location is no distance, a sensor a device lacks is
+never "stuck". Where a device's own normal is known (``pipeline.profiles.learned``), rules
+compare with it: a flood is a multiple of the device's own reporting rate, a stuck sensor is one
+that normally varies, tampering is a power ratio far below the device's usual one. Until then
+(cold start) they use the thresholds of the device's type (``RuleThresholds``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+import numpy as np
+import pandas as pd
 
 from infra import contract as c
 from pipeline import columns as col
+from pipeline.alerts import alert_frame, empty_alerts
+from pipeline.profiles import LEARNED_POWER_RATIO, LEARNED_RATE, learned_varies
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Rule thresholds; defaults suit devices that report every 10-30 s."""
+    """Rule thresholds of one device type; the defaults suit devices that report every 10-30 s."""
 
     max_speed_kmh: float = 900.0  # faster than an airliner
     min_travel_km: float = 50.0
     clone_min_excess: int = 2  # readings beyond the sequence range
-    flood_events_per_min: float = 30.0
+    flood_events_per_min: float = 30.0  # before the device's own rate is learned
+    flood_factor: float = 5.0  # once learned: this many times the device's own rate
     stuck_min_events: int = 8
-    tamper_power_ratio: float = 0.5  # real power over voltage x current
+    tamper_power_ratio: float = 0.5  # real power over voltage x current (x the learned ratio)
     min_events: int = 3
+
+
+@dataclass(frozen=True)
+class RuleThresholds:
+    """Thresholds per device type: ``default`` for every type not in ``by_type``."""
+
+    default: Thresholds = field(default_factory=Thresholds)
+    by_type: dict[str, Thresholds] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> RuleThresholds:
+        """From JSON such as ``{"*": {"flood_factor": 4}, "gps_tracker": {"max_speed_kmh": 300}}``
+        (``*`` changes the default; a type's values start from it). ValueError says what is
+        wrong."""
+        if not text.strip():
+            return cls()
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"rule thresholds are not JSON: {exc}") from None
+        if not isinstance(spec, dict) or not all(isinstance(v, dict) for v in spec.values()):
+            raise ValueError('rule thresholds must map a device type (or "*") to an object')
+        known = {f.name: f.type for f in fields(Thresholds)}
+
+        def apply(base: Thresholds, values: dict[str, Any], where: str) -> Thresholds:
+            unknown = sorted(set(values) - set(known))
+            if unknown:
+                raise ValueError(
+                    f"rule thresholds for {where}: unknown {unknown}; known: {sorted(known)}"
+                )
+            bad = [k for k, v in values.items()
+                   if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0]  # fmt: skip
+            if bad:
+                raise ValueError(f"rule thresholds for {where}: {bad} must be numbers >= 0")
+            return replace(base, **values)
+
+        default = apply(Thresholds(), spec.get("*", {}), '"*"')
+        by_type = {t: apply(default, v, repr(t)) for t, v in spec.items() if t != "*"}
+        return cls(default, by_type)
+
+    def per_row(self, device_types: pd.Series) -> pd.DataFrame:
+        """The thresholds of each row's device type, one column per threshold."""
+        base = asdict(self.default)
+        out = pd.DataFrame({k: np.full(len(device_types), v, dtype=float)
+                            for k, v in base.items()}, index=device_types.index)  # fmt: skip
+        for device_type, t in self.by_type.items():
+            rows = (device_types == device_type).to_numpy()
+            if rows.any():
+                for k, v in asdict(t).items():
+                    out.loc[rows, k] = float(v)
+        return out
 
 
 @dataclass(frozen=True)
 class Rule:
     alert_type: str
     severity: str
-    condition: Column
-    score: Column
-    reason: Column
+    fires: Callable[[pd.DataFrame, pd.DataFrame], pd.Series]
+    score: Callable[[pd.DataFrame, pd.DataFrame], pd.Series]
+    reason: Callable[[pd.DataFrame, pd.DataFrame], pd.Series]
 
 
-def rules(t: Thresholds) -> list[Rule]:
-    def num(name: str) -> Column:
-        return F.coalesce(F.col(name), F.lit(0))
-
-    stuck_metrics = [
-        F.when(
-            (F.col(f"{m}_std") == 0) & F.col(f"{m}_mean").isNotNull()
-            & (F.col(col.EVENT_COUNT) >= t.stuck_min_events),
-            F.lit(m),
-        )
-        for m in c.REPEAT_METRICS
-    ]  # fmt: skip
-    stuck = F.concat_ws(",", *stuck_metrics)
-    return [
-        Rule("rogue_device", "critical", ~F.col("registered"), F.lit(1.0),
-             F.lit("device_id is not in the device registry")),
-        Rule("impossible_travel", "high",
-             (num("implied_speed_kmh") > t.max_speed_kmh) & (num("spread_km") > t.min_travel_km),
-             F.least(F.lit(1.0), num("implied_speed_kmh") / (4 * t.max_speed_kmh)),
-             F.format_string("moved %.0f km at %.0f km/h", num("spread_km"),
-                             num("implied_speed_kmh"))),
-        Rule("cloned_device", "high", num("seq_excess_count") >= t.clone_min_excess,
-             F.least(F.lit(1.0), num("seq_excess_count") / num(col.EVENT_COUNT)),
-             F.format_string("%d readings beyond the sequence range, spread %.1f km",
-                             num("seq_excess_count"), num("spread_km"))),
-        Rule("replay", "high", num(col.DUPLICATE_COUNT) > 0,
-             F.least(F.lit(1.0), num(col.DUPLICATE_COUNT) / F.greatest(num(col.EVENT_COUNT),
-                                                                          F.lit(1))),
-             F.format_string("%d messages re-sent with an event_id already seen",
-                             num(col.DUPLICATE_COUNT))),
-        Rule("firmware_mismatch", "medium", num("firmware_mismatch_count") > 0,
-             num("firmware_mismatch_count") / F.greatest(num(col.EVENT_COUNT), F.lit(1)),
-             F.format_string("firmware %s, registry expects %s", F.col("last_firmware"),
-                             F.col("expected_firmware"))),
-        Rule("flood", "medium", num("events_per_min") > t.flood_events_per_min,
-             F.least(F.lit(1.0), num("events_per_min") / (10 * t.flood_events_per_min)),
-             F.format_string("%.1f messages/min", num("events_per_min"))),
-        Rule("stuck_sensor", "medium", stuck != "", F.lit(0.8),
-             F.concat(F.lit("constant readings: "), stuck)),
-        Rule("tampering", "high",
-             F.col("power_ratio_mean").isNotNull()
-             & (F.col("power_ratio_mean") < t.tamper_power_ratio),
-             F.lit(1.0) - F.coalesce(F.col("power_ratio_mean"), F.lit(0.0)),
-             F.format_string("power is %.0f%% of voltage x current",
-                             F.col("power_ratio_mean") * 100)),
-    ]  # fmt: skip
-
-
-def alert_id(device_id: Column, alert_type: Column, window_start: Column) -> Column:
-    """Deterministic key: the same device, window and type always give the same id."""
-    return F.sha2(F.concat_ws("|", device_id, alert_type, window_start.cast("string")), 256)
-
-
-def rule_alerts(features: DataFrame, thresholds: Thresholds | None = None) -> DataFrame:
-    """One row per (device, window, alert type) whose rule fired.
-
-    Input: ``window_features`` output. Output: alert_id, device_id, alert_type, severity, score,
-    reasons (array), window_start, window_end, first_event_time, last_event_time.
-    """
-    t = thresholds or Thresholds()
-    eligible = features.where(F.col(col.EVENT_COUNT) + F.col(col.DUPLICATE_COUNT) >= t.min_events)
-    fired = F.array(
-        *(
-            F.when(
-                F.coalesce(r.condition, F.lit(False)),
-                F.struct(
-                    F.lit(r.alert_type).alias("alert_type"),
-                    F.lit(r.severity).alias("severity"),
-                    r.score.cast("double").alias("score"),
-                    F.array(r.reason).alias("reasons"),
-                ),
-            )
-            for r in rules(t)
-        )
+def _fmt(template: str, *columns: pd.Series) -> pd.Series:
+    index = columns[0].index
+    return pd.Series(
+        [template % values for values in zip(*columns, strict=True)], index=index, dtype="object"
     )
-    return (
-        eligible.select(
-            "device_id", col.WINDOW_START, col.WINDOW_END, "first_event_time", "last_event_time",
-            F.explode(F.filter(fired, lambda x: x.isNotNull())).alias("a"),
-        )
-        .select(
-            alert_id(F.col("device_id"), F.col("a.alert_type"), F.col(col.WINDOW_START)).alias(
-                "alert_id"
-            ),
-            "device_id", "a.alert_type", "a.severity", "a.score", "a.reasons",
-            col.WINDOW_START, col.WINDOW_END, "first_event_time", "last_event_time",
-        )
-    )  # fmt: skip
+
+
+def _flood_limit(w: pd.DataFrame, t: pd.DataFrame) -> pd.Series:
+    return (t["flood_factor"] * w[LEARNED_RATE]).fillna(t["flood_events_per_min"])
+
+
+def _tamper_limit(w: pd.DataFrame, t: pd.DataFrame) -> pd.Series:
+    return t["tamper_power_ratio"] * w[LEARNED_POWER_RATIO].fillna(1.0)
+
+
+def _stuck(w: pd.DataFrame, t: pd.DataFrame) -> pd.Series:
+    """Comma-separated metrics with constant readings that normally vary ('' when none)."""
+    names = pd.Series("", index=w.index, dtype="object")
+    for m in c.REPEAT_METRICS:
+        varies = w[learned_varies(m)] if learned_varies(m) in w else None
+        normally_varies = True if varies is None else varies.map(lambda v: v is not False)
+        hit = (w[f"{m}_std"] == 0) & w[f"{m}_mean"].notna()
+        hit &= (w[col.EVENT_COUNT] >= t["stuck_min_events"]) & normally_varies
+        names = names.where(~hit, names + np.where(names == "", "", ",") + m)
+    return names
+
+
+def rules() -> list[Rule]:
+    return [
+        Rule("rogue_device", "critical", lambda w, t: ~w["registered"].astype(bool),
+             lambda w, t: pd.Series(1.0, index=w.index),
+             lambda w, t: pd.Series("device_id is not in the device registry", index=w.index)),
+        Rule("impossible_travel", "high",
+             lambda w, t: (w["implied_speed_kmh"] > t["max_speed_kmh"])
+             & (w["spread_km"] > t["min_travel_km"]),
+             lambda w, t: w["implied_speed_kmh"] / (4 * t["max_speed_kmh"]),
+             lambda w, t: _fmt("moved %.0f km at %.0f km/h", w["spread_km"],
+                               w["implied_speed_kmh"])),
+        Rule("cloned_device", "high", lambda w, t: w["seq_excess_count"] >= t["clone_min_excess"],
+             lambda w, t: w["seq_excess_count"] / w[col.EVENT_COUNT],
+             lambda w, t: _fmt("%d readings beyond the sequence range, spread %.1f km",
+                               w["seq_excess_count"], w["spread_km"].fillna(0.0))),
+        Rule("replay", "high", lambda w, t: w[col.DUPLICATE_COUNT] > 0,
+             lambda w, t: w[col.DUPLICATE_COUNT] / w[col.EVENT_COUNT].clip(lower=1),
+             lambda w, t: _fmt("%d messages re-sent with an event_id already seen",
+                               w[col.DUPLICATE_COUNT])),
+        Rule("firmware_mismatch", "medium", lambda w, t: w["firmware_mismatch_count"] > 0,
+             lambda w, t: w["firmware_mismatch_count"] / w[col.EVENT_COUNT].clip(lower=1),
+             lambda w, t: _fmt("firmware %s, registry expects %s", w["last_firmware"],
+                               w["expected_firmware"])),
+        Rule("flood", "medium", lambda w, t: w["events_per_min"] > _flood_limit(w, t),
+             lambda w, t: w["events_per_min"] / (10 * _flood_limit(w, t)),
+             lambda w, t: _fmt("%.1f messages/min (limit %.1f)", w["events_per_min"],
+                               _flood_limit(w, t))),
+        Rule("stuck_sensor", "medium", lambda w, t: _stuck(w, t) != "",
+             lambda w, t: pd.Series(0.8, index=w.index),
+             lambda w, t: "constant readings: " + _stuck(w, t)),
+        Rule("tampering", "high", lambda w, t: w["power_ratio_mean"] < _tamper_limit(w, t),
+             lambda w, t: 1.0 - w["power_ratio_mean"],
+             lambda w, t: _fmt("power is %.0f%% of voltage x current", w["power_ratio_mean"] * 100)),
+    ]  # fmt: skip
+
+
+def rule_alerts(windows: pd.DataFrame, thresholds: RuleThresholds | None = None) -> pd.DataFrame:
+    """One alert row (``pipeline.alerts.DETECTOR_COLUMNS``) per window and rule that fired.
+
+    Input: ``window_features`` rows as pandas, optionally with the columns of
+    ``pipeline.profiles.learned`` (the device's own normal; absent or NaN means not learned).
+    """
+    if windows.empty:
+        return empty_alerts()
+    windows = windows.reset_index(drop=True)
+    for name in (LEARNED_RATE, LEARNED_POWER_RATIO):
+        if name not in windows:
+            windows[name] = np.nan
+    t = (thresholds or RuleThresholds()).per_row(windows["device_type"])
+    counted = windows[col.EVENT_COUNT].fillna(0) + windows[col.DUPLICATE_COUNT].fillna(0)
+    eligible = counted >= t["min_events"]
+    w, t = windows[eligible], t[eligible]
+    found = []
+    for rule in rules():
+        fired = rule.fires(w, t).fillna(False).astype(bool)
+        if fired.any():
+            hit, ht = w[fired], t[fired]
+            found.append(alert_frame(hit, rule.alert_type, rule.severity,
+                                     rule.score(hit, ht), rule.reason(hit, ht)))  # fmt: skip
+    return pd.concat(found, ignore_index=True) if found else empty_alerts()

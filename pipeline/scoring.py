@@ -1,7 +1,8 @@
 """The registered model, loaded by alias and swapped when the alias moves.
 
-The Spark UDF is built once per model version, on the driver between micro-batches; each batch
-only asks the registry which version the alias points to (one small query).
+The model is loaded once per version, on the driver between micro-batches, and scores the
+windows the watermark has closed (a few per device and slide) in pandas; each batch only asks
+the registry which version the alias points to (one small query).
 """
 
 from __future__ import annotations
@@ -11,30 +12,33 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+import numpy as np
+import pandas as pd
 
 from infra.mlflow_store import sqlite_store_path
-from pipeline import columns as col
-from pipeline.rules import alert_id
+from pipeline.alerts import alert_frame, empty_alerts
 
 log = logging.getLogger(__name__)
 
 DEFAULT_THRESHOLD = 0.5
+MODEL_ALERT = "model_anomaly"
 # What MLflow answers when the model, or its alias, does not exist (any other error is a failure).
 _NOT_REGISTERED = {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}
-# MLflow signature types -> Spark SQL types for the UDF's input columns (numbers otherwise double).
-_SPARK_TYPES = {"string": "string", "long": "bigint", "integer": "int", "boolean": "boolean"}
 
 
 @dataclass(frozen=True)
 class LoadedModel:
     name: str
     version: str
-    udf: Any
-    # (column, Spark type) of the model's signature, in order: the UDF's input struct.
-    inputs: tuple[tuple[str, str], ...]
+    model: Any  # mlflow.pyfunc.PyFuncModel
+    inputs: tuple[tuple[str, str], ...]  # (column, MLflow type) of the signature, in order
     threshold: float
+
+    def score(self, rows: pd.DataFrame) -> np.ndarray:
+        """Scores in [0, 1] of ``rows`` (which hold every input column)."""
+        frame = rows[[name for name, _ in self.inputs]].reset_index(drop=True)
+        frame = frame.astype({name: "float64" for name, kind in self.inputs if kind == "double"})
+        return np.asarray(self.model.predict(frame), dtype=float)
 
 
 class UnusableModelError(Exception):
@@ -62,7 +66,7 @@ class ModelScorer:
         self._unusable: set[str] = set()
         self._client: Any = None
 
-    def current(self, spark: SparkSession, columns: Collection[str]) -> LoadedModel | None:
+    def current(self, columns: Collection[str]) -> LoadedModel | None:
         """The model for a batch whose windows have ``columns``; None means rules only."""
         version = self._champion_version()
         if version is None:
@@ -75,7 +79,7 @@ class ModelScorer:
         if version in self._unusable:
             return None
         try:
-            self._loaded = self._load(spark, version, columns)
+            self._loaded = self._load(version, columns)
         except UnusableModelError as error:
             log.error(
                 "model %s version %s (alias %s) cannot score the stream: %s. Running rules only "
@@ -123,7 +127,7 @@ class ModelScorer:
             log.log(logging.ERROR if why == "unreadable" else logging.WARNING, message, *args)
             self._said = why
 
-    def _load(self, spark: SparkSession, version: str, columns: Collection[str]) -> LoadedModel:
+    def _load(self, version: str, columns: Collection[str]) -> LoadedModel:
         import mlflow
 
         # Pin the version just looked up: the alias may move again while we load.
@@ -131,10 +135,7 @@ class ModelScorer:
         info = mlflow.models.get_model_info(uri)
         if info.signature is None:
             raise UnusableModelError("it has no signature (register it with one)")
-        inputs = tuple(
-            (spec.name, _SPARK_TYPES.get(spec.type.name, "double"))
-            for spec in info.signature.inputs.inputs
-        )
+        inputs = tuple((spec.name, spec.type.name) for spec in info.signature.inputs.inputs)
         missing = [name for name, _ in inputs if name not in columns]
         if missing:
             raise UnusableModelError(f"the windows lack its inputs {missing}")
@@ -145,9 +146,8 @@ class ModelScorer:
             except Exception as error:  # whatever the model raises, the stream goes on
                 raise UnusableModelError(f"it fails on its own input example: {error!r}") from error
         threshold = float((info.metadata or {}).get("threshold", DEFAULT_THRESHOLD))
-        udf = mlflow.pyfunc.spark_udf(spark, uri, result_type="double", env_manager="local")
         log.info("scoring with %s version %s (threshold %.3f)", self.name, version, threshold)
-        return LoadedModel(self.name, version, udf, inputs, threshold)
+        return LoadedModel(self.name, version, driver_model, inputs, threshold)
 
 
 def _first_line(error: Exception) -> str:
@@ -155,29 +155,17 @@ def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
-def model_alerts(features: DataFrame, model: LoadedModel) -> DataFrame:
-    """Score each window; windows at or above the model's threshold become ``model_anomaly``.
-
-    Input: ``window_features`` output with the model's input columns. Output: the alert columns
-    of ``rule_alerts`` plus model_name and model_version.
-    """
-    inputs: list[Column] = [F.col(name).cast(type_).alias(name) for name, type_ in model.inputs]
-    scored = features.withColumn("_score", model.udf(F.struct(*inputs)))
-    return scored.where(F.col("_score") >= model.threshold).select(
-        alert_id(F.col("device_id"), F.lit("model_anomaly"), F.col(col.WINDOW_START)).alias(
-            "alert_id"
-        ),
-        "device_id",
-        F.lit("model_anomaly").alias("alert_type"),
-        F.when(F.col("_score") >= 0.9, "high").otherwise("medium").alias("severity"),
-        F.col("_score").alias("score"),
-        F.array(
-            F.format_string(
-                "model %s v%s scored %.2f (threshold %.2f)",
-                F.lit(model.name), F.lit(model.version), F.col("_score"), F.lit(model.threshold),
-            )
-        ).alias("reasons"),
-        col.WINDOW_START, col.WINDOW_END, "first_event_time", "last_event_time",
-        F.lit(model.name).alias("model_name"),
-        F.lit(model.version).alias("model_version"),
-    )  # fmt: skip
+def model_alerts(windows: pd.DataFrame, scores: np.ndarray, model: LoadedModel) -> pd.DataFrame:
+    """``model_anomaly`` alerts of the ``windows`` (window features) scored at or above the
+    model's threshold (``pipeline.alerts.DETECTOR_COLUMNS``)."""
+    hit = scores >= model.threshold
+    if not hit.any():
+        return empty_alerts()
+    rows, values = windows[hit], pd.Series(scores[hit], index=windows.index[hit])
+    reason = [
+        f"model {model.name} v{model.version} scored {v:.2f} (threshold {model.threshold:.2f})"
+        for v in values
+    ]
+    severity = pd.Series(np.where(values >= 0.9, "high", "medium"), index=rows.index)
+    return alert_frame(rows, MODEL_ALERT, severity, values, pd.Series(reason, index=rows.index),
+                       model=(model.name, model.version))  # fmt: skip

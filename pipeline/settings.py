@@ -10,6 +10,7 @@ from pydantic_settings import SettingsConfigDict
 
 from infra.kafka_client import java_client_options
 from infra.settings import CommonSettings
+from pipeline.profiles import ProfileSpec
 
 _DURATION = re.compile(r"^\d+ (second|minute|hour)s?$")
 
@@ -86,6 +87,21 @@ class PipelineSettings(CommonSettings):
         default="champion", description="Registry alias the pipeline scores with"
     )
     status_interval_s: float = Field(default=5.0, gt=0, description="Seconds between status lines")
+    profile_span: str = Field(
+        default="1 hour",
+        description="How far back each device's own normal reaches (its closed windows)",
+    )
+    profile_min_windows: int = Field(
+        default=3,
+        ge=1,
+        description="Cold start: closed windows of a device's own history before the model "
+        "scores it (rules run from its first event)",
+    )
+    rule_thresholds: str = Field(
+        default="",
+        description='Rule thresholds per device type as JSON, e.g. {"*": {"flood_factor": 4}, '
+        '"gps_tracker": {"max_speed_kmh": 300}}; "*" changes the default (README: rules)',
+    )
 
     @field_validator("kafka_options")
     @classmethod
@@ -104,6 +120,7 @@ class PipelineSettings(CommonSettings):
         "dedup_horizon",
         "firmware_grace",
         "max_clock_ahead",
+        "profile_span",
     )
     @classmethod
     def _duration(cls, value: str) -> str:
@@ -112,6 +129,14 @@ class PipelineSettings(CommonSettings):
                 f"expected a duration like '10 minutes' or '30 seconds', got {value!r}"
             )
         return value.strip()
+
+    @field_validator("rule_thresholds")
+    @classmethod
+    def _rule_thresholds(cls, value: str) -> str:
+        from pipeline.rules import RuleThresholds
+
+        RuleThresholds.parse(value)  # a ValueError names what is wrong
+        return value
 
     @model_validator(mode="after")
     def _with_security_options(self) -> PipelineSettings:
@@ -131,6 +156,15 @@ class PipelineSettings(CommonSettings):
                 f"{self.watermark!r}: events that far ahead would make on-time events late"
             )
         return self
+
+
+    def profile_spec(self) -> ProfileSpec:
+        """How each device's own normal is learned (the stream and training share it)."""
+        return ProfileSpec(
+            window_s=seconds(self.window),
+            span_s=seconds(self.profile_span),
+            min_windows=self.profile_min_windows,
+        )
 
 
 def seconds(duration: str) -> int:

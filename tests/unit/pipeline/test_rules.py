@@ -5,11 +5,16 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import re
+
 import pytest
+from pyspark.sql import functions as F
 
 from infra import contract as c
+from pipeline.alerts import alert_id
 from pipeline.features import features_from_events
-from pipeline.rules import rule_alerts
+from pipeline.profiles import LEARNED_RATE
+from pipeline.rules import RuleThresholds, rule_alerts
 from tests.pipeline_helpers import device_series
 
 START = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
@@ -71,7 +76,7 @@ def alerts(spark: Any) -> dict[str, set[str]]:
         events, registry_df(spark), window="10 minutes", slide="5 minutes"
     )
     found: dict[str, set[str]] = {}
-    for row in rule_alerts(features).collect():
+    for row in rule_alerts(features.toPandas()).itertuples():
         found.setdefault(row.device_id, set()).add(row.alert_type)
     return found
 
@@ -104,6 +109,64 @@ def test_alert_ids_are_deterministic(spark: Any) -> None:
     features = features_from_events(
         events, registry_df(spark), window="10 minutes", slide="5 minutes"
     )
-    first = sorted(r.alert_id for r in rule_alerts(features).collect())
-    second = sorted(r.alert_id for r in rule_alerts(features).collect())
+    first = sorted(rule_alerts(features.toPandas())["alert_id"])
+    second = sorted(rule_alerts(features.toPandas())["alert_id"])
     assert first == second and len(first) == len(set(first)) > 0
+    # The same id as Spark's expression (the firmware check builds its ids in Spark).
+    spark_ids = sorted(
+        r.alert_id
+        for r in features.select(
+            alert_id(F.col("device_id"), F.lit("rogue_device"), F.col("window_start")).alias(
+                "alert_id"
+            )
+        ).collect()
+    )
+    assert first == spark_ids
+
+
+def test_no_location_is_no_travel(spark: Any) -> None:
+    """A device without GPS (lat/lon null) is never read as moving to the antipode."""
+    events = events_df(spark, device_series("clean", START, 20, lat=None, lon=None))
+    features = features_from_events(
+        events, registry_df(spark), window="10 minutes", slide="5 minutes"
+    ).toPandas()
+    assert features["spread_km"].isna().all() and features["implied_speed_kmh"].isna().all()
+    assert features["max_distance_km"].isna().all()
+    assert rule_alerts(features).empty
+
+
+def test_a_1hz_device_is_no_flood_once_its_rate_is_learned(spark: Any) -> None:
+    events = events_df(spark, device_series("clean", START, 1200, every_s=1))
+    features = features_from_events(
+        events, registry_df(spark), window="10 minutes", slide="5 minutes"
+    ).toPandas()
+    assert set(rule_alerts(features)["alert_type"]) == {"flood"}  # cold start: type threshold
+    learned = features.assign(**{LEARNED_RATE: 60.0})
+    assert rule_alerts(learned).empty
+    flooding = learned.assign(events_per_min=400.0)
+    assert set(rule_alerts(flooding)["alert_type"]) == {"flood"}
+
+
+def test_thresholds_per_device_type_from_configuration(spark: Any) -> None:
+    events = events_df(spark, device_series("flood", START, 400, every_s=1.5))
+    features = features_from_events(
+        events, registry_df(spark), window="10 minutes", slide="5 minutes"
+    ).toPandas()
+    assert set(rule_alerts(features)["alert_type"]) == {"flood"}
+    quiet = RuleThresholds.parse('{"smart_meter": {"flood_events_per_min": 100}}')
+    assert rule_alerts(features, quiet).empty
+    other_type = RuleThresholds.parse('{"thermostat": {"flood_events_per_min": 100}}')
+    assert set(rule_alerts(features, other_type)["alert_type"]) == {"flood"}
+    everywhere = RuleThresholds.parse('{"*": {"flood_events_per_min": 100}}')
+    assert rule_alerts(features, everywhere).empty
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("{", "not JSON"), ('{"smart_meter": 3}', "map a device type"),
+     ('{"*": {"flood_rate": 3}}', "unknown ['flood_rate']"),
+     ('{"*": {"flood_factor": "high"}}', "must be numbers")],
+)  # fmt: skip
+def test_bad_rule_thresholds_say_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RuleThresholds.parse(text)

@@ -1,0 +1,171 @@
+"""Each device's own normal, and a window described relative to it (pure pandas, no Spark).
+
+A device's *profile* at a window is made of the device's own closed windows that ended at or
+before that window began (so it never overlaps what it is compared with) and started within
+``span_s`` before that: per metric the median level and its spread, the median within-window
+spread and range, the median share of distinct readings, power ratio and reporting rate.
+
+``relative_features`` turns a window and its profile into unit-free numbers that are about 0 for
+a device behaving as it usually does, whatever its levels, rate or sensors (a 1 Hz pump rig or
+a thermostat reporting twice a minute alike): level and trend in the device's own standard
+deviations, log ratios of spread, range and rate, differences of shares. A metric the device
+does not report stays missing (NaN), never a number.
+
+The same function serves the stream (``pipeline.detection``, on the windows the watermark has
+closed, with the device's closed windows kept on the driver) and training (``models.dataset``,
+on every window of a simulated history): one definition, so the model scores exactly the rows it
+was trained on.
+
+Cold start: a window whose profile holds fewer than ``min_windows`` windows, or that holds less
+than half the device's usual number of events (``fill``), is not scored by the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from infra import contract as c
+from pipeline import columns as col
+
+# Metrics the profile follows. Not the battery: a recharge is a legitimate jump of most of its
+# range, and a slow drain is no anomaly.
+PROFILE_METRICS = c.REPEAT_METRICS
+# Window columns a profile reads (what the driver keeps of a closed window).
+HISTORY_COLUMNS = (
+    "device_id", col.WINDOW_START, col.WINDOW_END, col.EVENT_COUNT, "events_per_min",
+    "power_ratio_mean",
+    *(f"{m}_{s}" for m in PROFILE_METRICS for s in ("mean", "std", "min", "max", "distinct_share")),
+)  # fmt: skip
+# Relative features: the model's inputs, in order.
+RELATIVE_FEATURES = (
+    *(
+        f"rel_{m}_{kind}"
+        for m in PROFILE_METRICS
+        for kind in ("level", "trend", "spread", "range", "distinct")
+    ),
+    "rel_power_ratio",
+    "rel_rate",
+)
+# Of those, the ones in the device's own standard deviations (the unsupervised part's z-scores).
+Z_FEATURES = tuple(
+    f"rel_{m}_{kind}" for m in PROFILE_METRICS for kind in ("level", "trend")
+)
+PROFILE_WINDOWS = "profile_windows"
+FILL = "fill"
+# Profile columns rules read (learned rate and whether a metric normally varies).
+LEARNED_RATE = "learned_events_per_min"
+LEARNED_POWER_RATIO = "learned_power_ratio"
+_CLIP = 50.0
+_IQR_TO_SIGMA = 1.349
+
+
+def learned_varies(metric: str) -> str:
+    return f"learned_{metric}_varies"
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """How a profile is learned and when a window is scored against it."""
+
+    window_s: float = 600.0  # the sliding window's length
+    span_s: float = 3600.0  # how far back a profile reaches
+    min_windows: int = 3  # fewer closed windows than this: cold start, no model score
+    min_fill: float = 0.5  # a window with fewer events than this share of the usual: not scored
+
+
+def _floor(level: pd.Series) -> pd.Series:
+    """The smallest spread a level is measured against: a constant reading (a spread of 0)
+    must not turn every change into an infinite z-score."""
+    return 1e-3 * level.abs() + 1e-3
+
+
+def profiles(windows: pd.DataFrame, history: pd.DataFrame, spec: ProfileSpec) -> pd.DataFrame:
+    """Per row of ``windows`` (device_id, window_start), the profile of its device from
+    ``history`` (HISTORY_COLUMNS rows of closed windows): the history windows of the device that
+    ended at or before the window's start and started at most ``span_s`` before it.
+
+    Output: indexed like ``windows``; ``profile_windows`` (0 when the device has none) and the
+    medians and spreads named ``h_<column>_<stat>``, NaN where there is no history.
+    """
+    keys = windows[["device_id", col.WINDOW_START]].reset_index(names="_row")
+    hist = history[list(HISTORY_COLUMNS)].rename(columns={col.WINDOW_START: "_h_start"})
+    pairs = keys.merge(hist, on="device_id", how="inner")
+    start = pairs[col.WINDOW_START]
+    keep = (pairs[col.WINDOW_END] <= start) & (
+        pairs["_h_start"] >= start - pd.Timedelta(seconds=spec.span_s)
+    )
+    pairs = pairs[keep]
+    for m in PROFILE_METRICS:
+        pairs[f"{m}_range"] = pairs[f"{m}_max"] - pairs[f"{m}_min"]
+    medians = [
+        col.EVENT_COUNT, "events_per_min", "power_ratio_mean",
+        *(f"{m}_{s}" for m in PROFILE_METRICS for s in ("mean", "std", "range", "distinct_share")),
+    ]  # fmt: skip
+    grouped = pairs.groupby("_row")
+    out = grouped[medians].median().add_prefix("h_").add_suffix("_med")
+    means = [f"{m}_mean" for m in PROFILE_METRICS]
+    iqr = grouped[means].quantile(0.75) - grouped[means].quantile(0.25)
+    out = out.join(iqr.add_prefix("h_").add_suffix("_iqr"))
+    out[PROFILE_WINDOWS] = grouped.size()
+    out = out.reindex(range(len(windows)))
+    out[PROFILE_WINDOWS] = out[PROFILE_WINDOWS].fillna(0).astype("int64")
+    out.index = windows.index
+    return out
+
+
+def relative_features(windows: pd.DataFrame, prof: pd.DataFrame, spec: ProfileSpec) -> pd.DataFrame:
+    """``windows`` (window features) described relative to their profiles (``profiles``).
+
+    Output: indexed like ``windows``; RELATIVE_FEATURES, ``profile_windows`` and ``fill``
+    (events over the device's usual number). Missing where a metric or the history is missing.
+    """
+    out = pd.DataFrame(index=windows.index)
+    minutes = spec.window_s / 60.0
+    for m in PROFILE_METRICS:
+        level = prof[f"h_{m}_mean_med"]
+        floor = _floor(level)
+        scale = pd.concat(
+            [prof[f"h_{m}_mean_iqr"] / _IQR_TO_SIGMA, prof[f"h_{m}_std_med"], floor], axis=1
+        ).max(axis=1, skipna=False)
+        out[f"rel_{m}_level"] = (windows[f"{m}_mean"] - level) / scale
+        out[f"rel_{m}_trend"] = windows[f"{m}_slope"] * minutes / scale
+        out[f"rel_{m}_spread"] = np.log2(
+            (windows[f"{m}_std"] + floor) / (prof[f"h_{m}_std_med"] + floor)
+        )
+        width = windows[f"{m}_max"] - windows[f"{m}_min"]
+        out[f"rel_{m}_range"] = np.log2((width + floor) / (prof[f"h_{m}_range_med"] + floor))
+        out[f"rel_{m}_distinct"] = (
+            windows[f"{m}_distinct_share"] - prof[f"h_{m}_distinct_share_med"]
+        )
+    out["rel_power_ratio"] = windows["power_ratio_mean"] - prof["h_power_ratio_mean_med"]
+    out["rel_rate"] = np.log2(windows["events_per_min"] / prof["h_events_per_min_med"])
+    out = out.astype("float64").clip(-_CLIP, _CLIP)
+    out[PROFILE_WINDOWS] = prof[PROFILE_WINDOWS]
+    out[FILL] = (windows[col.EVENT_COUNT] / prof[f"h_{col.EVENT_COUNT}_med"]).astype("float64")
+    return out[[*RELATIVE_FEATURES, PROFILE_WINDOWS, FILL]]
+
+
+def scorable(relative: pd.DataFrame, spec: ProfileSpec) -> pd.Series:
+    """Windows past their device's cold start, holding enough of its usual events."""
+    return (relative[PROFILE_WINDOWS] >= spec.min_windows) & (relative[FILL] >= spec.min_fill)
+
+
+def learned(prof: pd.DataFrame) -> pd.DataFrame:
+    """What rules read of a profile: the learned reporting rate and power ratio, and per metric
+    whether it normally varies (NaN/None when not learned yet)."""
+    out = pd.DataFrame(index=prof.index)
+    out[LEARNED_RATE] = prof["h_events_per_min_med"]
+    out[LEARNED_POWER_RATIO] = prof["h_power_ratio_mean_med"]
+    for m in PROFILE_METRICS:
+        std = prof[f"h_{m}_std_med"]
+        out[learned_varies(m)] = (std > 0).astype("object").where(std.notna(), None)
+    return out
+
+
+def history_rows(windows: pd.DataFrame, min_events: int) -> pd.DataFrame:
+    """The closed windows a profile may learn from: HISTORY_COLUMNS of those with at least
+    ``min_events`` events (a device's first, nearly empty window says little of its normal)."""
+    return windows.loc[windows[col.EVENT_COUNT] >= min_events, list(HISTORY_COLUMNS)]

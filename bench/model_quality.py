@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{int(validation.sum()):,} of them validation), "
           f"{len(train.truth)} injections; held-out: {len(holdout.features):,} windows, "
           f"{len(holdout.truth)} injections")  # fmt: skip
-    print(f"fit {fit_s:.0f} s; p_threshold {detector.p_threshold:.4g}, "
-          f"z_threshold {detector.z_threshold:.4g}")  # fmt: skip
+    print(f"fit {fit_s:.0f} s; deviation threshold {detector.threshold:.4g}")
     print()
     print(format_table(report))
     print()

@@ -214,6 +214,22 @@ def summary(lake_root: str, produced: int | None = None) -> str:
     ])  # fmt: skip
 
 
+def scenario_timing(bounded: bool) -> dict[str, str]:
+    """Simulator settings that give every injection a fair chance against the pipeline's
+    settings (unless set in the environment): value scenarios start once devices are past the
+    detector's cold start, and in a bounded run none starts so late that its windows cannot
+    close (a window plus the watermark) before the end."""
+    from pipeline.settings import PipelineSettings, seconds
+
+    pipeline = load_settings(PipelineSettings)
+    slide = seconds(pipeline.slide)
+    timing = {"IOT_SIM_SCENARIO_WARMUP_S": str((pipeline.profile_min_windows + 1) * slide)}
+    if bounded:
+        tail = seconds(pipeline.window) + seconds(pipeline.watermark)
+        timing["IOT_SIM_QUIET_TAIL_S"] = str(tail)
+    return {k: v for k, v in timing.items() if k not in os.environ}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="iotfraud demo", description=__doc__)
     parser.add_argument("--duration", type=float, default=0, help="stop after N seconds")
@@ -283,11 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         # Real time by default: each device reports every 10-30 s, so event times stay close to
         # now. A new seed per run: a rerun must not resend the event ids of the previous one.
         seed = str(args.seed if args.seed is not None else int(time.time()))
+        sim_env = {**env, **scenario_timing(args.duration > 0)}
         simulate = ["simulator", "simulate", "--accelerate", str(args.accelerate), "--seed", seed,
                     "--no-progress"]  # fmt: skip
         if args.duration:
             simulate += ["--duration", str(args.duration)]
-        children.start("simulator", simulate, env)
+        children.start("simulator", simulate, sim_env)
         started = time.monotonic()
         if not args.no_dashboard:
             children.start("dashboard", ["dashboard"], env)

@@ -58,8 +58,14 @@ def run_train(args: argparse.Namespace) -> int:
     pipeline = load_settings(PipelineSettings)
     uri = tracking_uri(settings.mlflow_tracking_uri)
     spark = build_spark_session("iotfraud-train", load_settings(SparkSettings))
-    result = train(spark, settings, uri, window=pipeline.window, slide=pipeline.slide,
-                   spec=pipeline.profile_spec())
+    result = train(
+        spark,
+        settings,
+        uri,
+        window=pipeline.window,
+        slide=pipeline.slide,
+        spec=pipeline.profile_spec(),
+    )
     print("Held-out fleet, rules and model together:")
     print(format_table(result.report))
     print(f"false alerts per 10,000 clean device-windows: "

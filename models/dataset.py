@@ -186,7 +186,12 @@ def simulated_history(
 
 
 def lake_history(
-    spark: SparkSession, lake_root: str, *, window: str, slide: str, min_overlap_s: float,
+    spark: SparkSession,
+    lake_root: str,
+    *,
+    window: str,
+    slide: str,
+    min_overlap_s: float,
     spec: ProfileSpec,
 ) -> History:
     """Telemetry, duplicates, registry and ground truth already in the lake (batch reads)."""

@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from infra.mlflow_store import artifact_root_for, ensure_experiment
 from models import registry
 from models.dataset import ALERT_COLUMNS, History, simulated_history
-from models.detector import MODEL_SCENARIOS, Detector, choose_thresholds, fit
+from models.detector import MODEL_SCENARIOS, Detector, choose_threshold, fit
 from models.evaluation import CLEAN, evaluate, false_alerts_per_10k
 from models.pyfunc import log_detector
 from models.settings import ModelSettings
@@ -136,9 +136,9 @@ def fit_detector(history: History, settings: ModelSettings) -> tuple[Detector, n
     history = history.scored
     validation = split_devices(history.features, settings.validation_fraction, settings.seed)
     frame, labels = history.features, history.labels
-    detector = fit(frame[~validation], labels[~validation], settings.seed)
-    choose_thresholds(detector, frame[validation], labels[validation],
-                      settings.max_false_alert_rate)  # fmt: skip
+    detector = fit(frame[~validation], labels[~validation])
+    choose_threshold(detector, frame[validation], labels[validation],
+                     settings.max_false_alert_rate)  # fmt: skip
     return detector, validation
 
 
@@ -210,8 +210,7 @@ def train(spark: SparkSession, settings: ModelSettings, tracking_uri: str, *, wi
         "min_overlap_s": settings.min_overlap_s, "profile_span_s": spec.span_s,
         "profile_min_windows": spec.min_windows,
         "max_false_alert_rate": settings.max_false_alert_rate,
-        "classifier": type(detector.classifier).__name__,
-        "p_threshold": detector.p_threshold, "z_threshold": detector.z_threshold,
+        "deviation_threshold": detector.threshold,
         "training_windows": int((~validation).sum()), "validation_windows": int(validation.sum()),
     }  # fmt: skip
     with mlflow.start_run(experiment_id=experiment) as run, tempfile.TemporaryDirectory() as tmp:
@@ -226,8 +225,7 @@ def train(spark: SparkSession, settings: ModelSettings, tracking_uri: str, *, wi
                      *_plots(scores, holdout.labels, 0.5, folder)]:  # fmt: skip
             mlflow.log_artifact(str(path))
         info = log_detector(detector, frame, folder / "model",
-                            {"p_threshold": detector.p_threshold,
-                             "z_threshold": detector.z_threshold})  # fmt: skip
+                            {"deviation_threshold": detector.threshold})  # fmt: skip
         version = str(
             mlflow.register_model(
                 info.model_uri, settings.name, tags={"run_id": run.info.run_id}

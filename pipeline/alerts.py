@@ -79,8 +79,10 @@ def to_spark(spark: SparkSession, alerts: pd.DataFrame, batch_id: int) -> DataFr
     ))  # fmt: skip
     # From pandas through Arrow: naive timestamps are read in the session time zone, as they
     # were written by toPandas.
-    df = spark.createDataFrame(alerts[list(DETECTOR_COLUMNS)], schema) if len(alerts) else (
-        spark.createDataFrame([], schema)
+    df = (
+        spark.createDataFrame(alerts[list(DETECTOR_COLUMNS)], schema)
+        if len(alerts)
+        else (spark.createDataFrame([], schema))
     )
     return df.withColumns(
         {"detected_at": F.current_timestamp(), "batch_id": F.lit(batch_id).cast("long")}

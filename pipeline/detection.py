@@ -65,7 +65,11 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def advance(
-    state: WindowState, changed: pd.DataFrame, *, spec: ProfileSpec, watermark_s: float,
+    state: WindowState,
+    changed: pd.DataFrame,
+    *,
+    spec: ProfileSpec,
+    watermark_s: float,
     min_events: int,
 ) -> tuple[WindowState, pd.DataFrame]:
     """The state after a batch whose changed windows are ``changed``, and the windows it closes
@@ -104,8 +108,13 @@ def scoring_rows(closing: pd.DataFrame, history: pd.DataFrame, spec: ProfileSpec
 
 
 def detect(
-    changed: pd.DataFrame, scoring: pd.DataFrame, history: pd.DataFrame, *,
-    model: LoadedModel | None, rules: RuleThresholds, spec: ProfileSpec,
+    changed: pd.DataFrame,
+    scoring: pd.DataFrame,
+    history: pd.DataFrame,
+    *,
+    model: LoadedModel | None,
+    rules: RuleThresholds,
+    spec: ProfileSpec,
 ) -> pd.DataFrame:
     """Rule alerts on the ``changed`` windows (against their device's profile from
     ``history``), model alerts on the ``scoring`` rows (pure; the stream and tests)."""  # fmt: skip
@@ -174,7 +183,9 @@ class FeaturesBatchWriter:
                         spec=self.spec)  # fmt: skip
         # Alerts first: a crash before the features commit replays this batch on the state
         # it started from (see the module docstring).
-        merge_alerts(to_spark(spark, alerts, batch_id), lake.table_path(self.lake_root, lake.ALERTS))
+        merge_alerts(
+            to_spark(spark, alerts, batch_id), lake.table_path(self.lake_root, lake.ALERTS)
+        )
         if len(changed):
             upsert(spark, windows, features_path, FEATURE_KEYS, prune_on=col.WINDOW_START)
         self.state = state

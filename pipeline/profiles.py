@@ -39,6 +39,10 @@ HISTORY_COLUMNS = (
     "power_ratio_mean",
     *(f"{m}_{s}" for m in PROFILE_METRICS for s in ("mean", "std", "min", "max", "distinct_share")),
 )  # fmt: skip
+# Metrics that are never negative (the contract's ranges): a change is also a ratio.
+POSITIVE_METRICS = tuple(
+    m for m in PROFILE_METRICS if m in c.VALID_RANGES and c.VALID_RANGES[m][0] >= 0
+)
 # Relative features: the model's inputs, in order.
 RELATIVE_FEATURES = (
     *(
@@ -46,13 +50,12 @@ RELATIVE_FEATURES = (
         for m in PROFILE_METRICS
         for kind in ("level", "trend", "spread", "range", "distinct")
     ),
+    *(f"rel_{m}_ratio" for m in POSITIVE_METRICS),
     "rel_power_ratio",
     "rel_rate",
 )
 # Of those, the ones in the device's own standard deviations (the unsupervised part's z-scores).
-Z_FEATURES = tuple(
-    f"rel_{m}_{kind}" for m in PROFILE_METRICS for kind in ("level", "trend")
-)
+Z_FEATURES = tuple(f"rel_{m}_{kind}" for m in PROFILE_METRICS for kind in ("level", "trend"))
 PROFILE_WINDOWS = "profile_windows"
 FILL = "fill"
 # Profile columns rules read (learned rate and whether a metric normally varies).
@@ -64,6 +67,10 @@ _IQR_TO_SIGMA = 1.349
 
 def learned_varies(metric: str) -> str:
     return f"learned_{metric}_varies"
+
+
+def learned_distinct(metric: str) -> str:
+    return f"learned_{metric}_distinct_share"
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,8 @@ def relative_features(windows: pd.DataFrame, prof: pd.DataFrame, spec: ProfileSp
         out[f"rel_{m}_distinct"] = (
             windows[f"{m}_distinct_share"] - prof[f"h_{m}_distinct_share_med"]
         )
+        if m in POSITIVE_METRICS:
+            out[f"rel_{m}_ratio"] = np.log2((windows[f"{m}_mean"] + floor) / (level + floor))
     out["rel_power_ratio"] = windows["power_ratio_mean"] - prof["h_power_ratio_mean_med"]
     out["rel_rate"] = np.log2(windows["events_per_min"] / prof["h_events_per_min_med"])
     out = out.astype("float64").clip(-_CLIP, _CLIP)
@@ -155,13 +164,15 @@ def scorable(relative: pd.DataFrame, spec: ProfileSpec) -> pd.Series:
 
 def learned(prof: pd.DataFrame) -> pd.DataFrame:
     """What rules read of a profile: the learned reporting rate and power ratio, and per metric
-    whether it normally varies (NaN/None when not learned yet)."""
+    whether it normally varies and its usual share of distinct readings (NaN/None when not
+    learned yet)."""
     out = pd.DataFrame(index=prof.index)
     out[LEARNED_RATE] = prof["h_events_per_min_med"]
     out[LEARNED_POWER_RATIO] = prof["h_power_ratio_mean_med"]
     for m in PROFILE_METRICS:
         std = prof[f"h_{m}_std_med"]
         out[learned_varies(m)] = (std > 0).astype("object").where(std.notna(), None)
+        out[learned_distinct(m)] = prof[f"h_{m}_distinct_share_med"]
     return out
 
 

@@ -23,7 +23,12 @@ import pandas as pd
 from infra import contract as c
 from pipeline import columns as col
 from pipeline.alerts import alert_frame, empty_alerts
-from pipeline.profiles import LEARNED_POWER_RATIO, LEARNED_RATE, learned_varies
+from pipeline.profiles import (
+    LEARNED_POWER_RATIO,
+    LEARNED_RATE,
+    learned_distinct,
+    learned_varies,
+)
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,10 @@ class Thresholds:
     flood_events_per_min: float = 30.0  # before the device's own rate is learned
     flood_factor: float = 5.0  # once learned: this many times the device's own rate
     stuck_min_events: int = 8
+    # Once learned: a share of distinct readings at most this, where the device's usual share
+    # is at least stuck_usual_share, is a sensor stuck for much of the window.
+    stuck_max_share: float = 0.5
+    stuck_usual_share: float = 0.85
     tamper_power_ratio: float = 0.5  # real power over voltage x current (x the learned ratio)
     min_events: int = 3
 
@@ -116,12 +125,19 @@ def _tamper_limit(w: pd.DataFrame, t: pd.DataFrame) -> pd.Series:
 
 
 def _stuck(w: pd.DataFrame, t: pd.DataFrame) -> pd.Series:
-    """Comma-separated metrics with constant readings that normally vary ('' when none)."""
+    """Comma-separated metrics stuck in the window ('' when none): constant readings of a
+    metric that normally varies, or, once the device's usual share of distinct readings is
+    learned and high, a share that fell to ``stuck_max_share`` (stuck for much of the window)."""
     names = pd.Series("", index=w.index, dtype="object")
     for m in c.REPEAT_METRICS:
-        varies = w[learned_varies(m)] if learned_varies(m) in w else None
+        varies = w.get(learned_varies(m))
         normally_varies = True if varies is None else varies.map(lambda v: v is not False)
+        usual = w.get(learned_distinct(m))
         hit = (w[f"{m}_std"] == 0) & w[f"{m}_mean"].notna()
+        if usual is not None:
+            hit |= (usual >= t["stuck_usual_share"]) & (
+                w[f"{m}_distinct_share"] <= t["stuck_max_share"]
+            )
         hit &= (w[col.EVENT_COUNT] >= t["stuck_min_events"]) & normally_varies
         names = names.where(~hit, names + np.where(names == "", "", ",") + m)
     return names
@@ -159,7 +175,8 @@ def rules() -> list[Rule]:
              lambda w, t: "constant readings: " + _stuck(w, t)),
         Rule("tampering", "high", lambda w, t: w["power_ratio_mean"] < _tamper_limit(w, t),
              lambda w, t: 1.0 - w["power_ratio_mean"],
-             lambda w, t: _fmt("power is %.0f%% of voltage x current", w["power_ratio_mean"] * 100)),
+             lambda w, t: _fmt("power is %.0f%% of voltage x current",
+                               w["power_ratio_mean"] * 100)),
     ]  # fmt: skip
 
 

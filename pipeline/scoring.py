@@ -17,6 +17,7 @@ import pandas as pd
 
 from infra.mlflow_store import sqlite_store_path
 from pipeline.alerts import alert_frame, empty_alerts
+from pipeline.profiles import Z_FEATURES
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,23 @@ def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
+def largest_deviations(rows: pd.DataFrame, top: int = 2) -> list[str]:
+    """Per row, the level or trend furthest from the device's own normal, as analyst text
+    ("temperature_c level +15.2 sd"); empty when the rows carry no relative features."""
+    present = [f for f in Z_FEATURES if f in rows]
+    if not present:
+        return [""] * len(rows)
+    values = rows[present].astype(float)
+    out = []
+    for _, row in values.iterrows():
+        largest = row.dropna().abs().sort_values(ascending=False).head(top).index
+        out.append(", ".join(
+            f"{name.removeprefix('rel_').replace('_level', ' level').replace('_trend', ' trend')}"
+            f" {row[name]:+.1f} sd of its own normal" for name in largest
+        ))  # fmt: skip
+    return out
+
+
 def model_alerts(windows: pd.DataFrame, scores: np.ndarray, model: LoadedModel) -> pd.DataFrame:
     """``model_anomaly`` alerts of the ``windows`` (window features) scored at or above the
     model's threshold (``pipeline.alerts.DETECTOR_COLUMNS``)."""
@@ -164,7 +182,8 @@ def model_alerts(windows: pd.DataFrame, scores: np.ndarray, model: LoadedModel) 
     rows, values = windows[hit], pd.Series(scores[hit], index=windows.index[hit])
     reason = [
         f"model {model.name} v{model.version} scored {v:.2f} (threshold {model.threshold:.2f})"
-        for v in values
+        + (f"; {why}" if why else "")
+        for v, why in zip(values, largest_deviations(rows), strict=True)
     ]
     severity = pd.Series(np.where(values >= 0.9, "high", "medium"), index=rows.index)
     return alert_frame(rows, MODEL_ALERT, severity, values, pd.Series(reason, index=rows.index),

@@ -157,7 +157,6 @@ class PipelineSettings(CommonSettings):
             )
         return self
 
-
     def profile_spec(self) -> ProfileSpec:
         """How each device's own normal is learned (the stream and training share it)."""
         return ProfileSpec(

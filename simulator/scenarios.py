@@ -66,6 +66,8 @@ _MODIFIERS: dict[str, tuple[tuple[str, str, float, float], ...]] = {
         ("voltage_v", "ramp", 1.5, 3.0),
     ),
 }
+# Scenarios that change a device's readings: seen against its own normal, once that is learned.
+VALUE_SCENARIOS = ("tampering", "spike", "dip", "stuck_sensor", "drift")
 # Scenarios that add messages of their own: the device's readings stay genuine and untagged.
 EXTRA_MESSAGES = ("replay", "malformed")
 _POWERED = tuple(t for t, sensors in c.DEVICE_TYPES.items() if "power_w" in sensors)

@@ -101,6 +101,19 @@ class SimulatorSettings(CommonSettings):
     scenario_max_s: float = Field(
         default=1200.0, gt=0, description="Longest scenario window (simulated seconds)"
     )
+    scenario_warmup_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="No scenario that changes a device's readings (tampering, spike, dip, "
+        "stuck_sensor, drift) starts in a run's first N simulated seconds: the pipeline learns "
+        "each device's own normal first",
+    )
+    quiet_tail_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="No scenario starts in a bounded run's last N simulated seconds, so the "
+        "pipeline's windows over every injection close before the run ends",
+    )
     malformed_reasons: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(MALFORMED_REASONS),
         description="Kinds of malformed message (quarantine reason codes) the malformed scenario "

@@ -369,10 +369,21 @@ class Simulation:
                 continue
             for _ in range(int(self.rng.poisson(rate * (t1 - t0) / 3600.0))):
                 start = float(self.rng.uniform(t0, t1))
+                if not self._may_start(scenario, start):
+                    continue
                 try:
                     self.inject(scenario, start_s=start)
                 except ValueError:
                     log.debug("no free device for %s; skipped", scenario)
+
+    def _may_start(self, scenario: str, start: float) -> bool:
+        """Whether an injection may start at ``start`` simulated seconds: after the warm-up for
+        scenarios that change readings, and before a bounded run's quiet tail."""
+        s = self.settings
+        if scenario in sc.VALUE_SCENARIOS and start < s.scenario_warmup_s:
+            return False
+        span = s.duration * s.accelerate if s.duration and s.accelerate > 0 else None
+        return span is None or s.quiet_tail_s <= 0 or start < span - s.quiet_tail_s
 
     # --- generation ------------------------------------------------------------------------------
     def next_batch(self, slice_s: float | None = None) -> Batch:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
-
-import re
 
 import pytest
 from pyspark.sql import functions as F

@@ -76,6 +76,11 @@ def advance(
     (final states). A window closes once the latest event time seen, less the watermark, has
     passed its end: Spark's watermark for the next batch, so no later event can reach it.
     """  # fmt: skip
+    if state.max_event_time is not None and len(changed):
+        # A window the state has closed already (Spark drops its events as late): delivered
+        # again, it must not count twice in a profile.
+        done = state.max_event_time - pd.Timedelta(seconds=watermark_s)
+        changed = changed[changed[col.WINDOW_END] > done]
     latest = changed["last_event_time"].max() if len(changed) else None
     candidates = [t for t in (state.max_event_time, latest) if t is not None and not pd.isna(t)]
     max_event_time = max(candidates) if candidates else None

@@ -128,7 +128,7 @@ def scoring_rows(
     rules = rules or RuleThresholds()
     windows = windows.reset_index(drop=True)
     prof = profiles(windows, history_rows(windows, rules.default.min_events), spec)
-    alerts = rule_alerts(windows.join(learned(prof)), rules)
+    alerts = rule_alerts(windows.join(learned(prof, spec)), rules)
     relative = relative_features(windows, prof, spec)
     rows = pd.concat([windows, relative], axis=1)
     rows["scorable"] = scorable(relative, spec)

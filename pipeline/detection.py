@@ -126,7 +126,7 @@ def detect(
     found = []
     if len(changed):
         with_normal = changed.reset_index(drop=True)
-        with_normal = with_normal.join(learned(profiles(with_normal, history, spec)))
+        with_normal = with_normal.join(learned(profiles(with_normal, history, spec), spec))
         found.append(rule_alerts(with_normal, rules))
     if model is not None and len(scoring):
         found.append(model_alerts(scoring, model.score(scoring), model))

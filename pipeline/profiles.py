@@ -35,8 +35,8 @@ from pipeline import columns as col
 PROFILE_METRICS = c.REPEAT_METRICS
 # Window columns a profile reads (what the driver keeps of a closed window).
 HISTORY_COLUMNS = (
-    "device_id", col.WINDOW_START, col.WINDOW_END, col.EVENT_COUNT, "events_per_min",
-    "power_ratio_mean",
+    "device_id", col.WINDOW_START, col.WINDOW_END, col.EVENT_COUNT, "first_event_time",
+    "last_event_time", "power_ratio_mean",
     *(f"{m}_{s}" for m in PROFILE_METRICS for s in ("mean", "std", "min", "max", "distinct_share")),
 )  # fmt: skip
 # Metrics that are never negative (the contract's ranges): a change is also a ratio.
@@ -83,6 +83,15 @@ class ProfileSpec:
     min_fill: float = 0.5  # a window with fewer events than this share of the usual: not scored
 
 
+def observed_rate(windows: pd.DataFrame) -> pd.Series:
+    """Events per minute over the time a window's events span (NaN under two events). Unlike
+    ``events_per_min`` (per window length) it does not read a device's first, partly covered
+    window as a slow device."""
+    span_s = (windows["last_event_time"] - windows["first_event_time"]).dt.total_seconds()
+    rate = (windows[col.EVENT_COUNT] - 1) * 60.0 / span_s
+    return rate.where(span_s > 0).astype("float64")
+
+
 def _floor(level: pd.Series) -> pd.Series:
     """The smallest spread a level is measured against: a constant reading (a spread of 0)
     must not turn every change into an infinite z-score."""
@@ -107,8 +116,9 @@ def profiles(windows: pd.DataFrame, history: pd.DataFrame, spec: ProfileSpec) ->
     pairs = pairs[keep]
     for m in PROFILE_METRICS:
         pairs[f"{m}_range"] = pairs[f"{m}_max"] - pairs[f"{m}_min"]
+    pairs["observed_rate"] = observed_rate(pairs)
     medians = [
-        col.EVENT_COUNT, "events_per_min", "power_ratio_mean",
+        col.EVENT_COUNT, "observed_rate", "power_ratio_mean",
         *(f"{m}_{s}" for m in PROFILE_METRICS for s in ("mean", "std", "range", "distinct_share")),
     ]  # fmt: skip
     grouped = pairs.groupby("_row")
@@ -150,7 +160,7 @@ def relative_features(windows: pd.DataFrame, prof: pd.DataFrame, spec: ProfileSp
         if m in POSITIVE_METRICS:
             out[f"rel_{m}_ratio"] = np.log2((windows[f"{m}_mean"] + floor) / (level + floor))
     out["rel_power_ratio"] = windows["power_ratio_mean"] - prof["h_power_ratio_mean_med"]
-    out["rel_rate"] = np.log2(windows["events_per_min"] / prof["h_events_per_min_med"])
+    out["rel_rate"] = np.log2(observed_rate(windows) / prof["h_observed_rate_med"])
     out = out.astype("float64").clip(-_CLIP, _CLIP)
     out[PROFILE_WINDOWS] = prof[PROFILE_WINDOWS]
     out[FILL] = (windows[col.EVENT_COUNT] / prof[f"h_{col.EVENT_COUNT}_med"]).astype("float64")
@@ -162,12 +172,13 @@ def scorable(relative: pd.DataFrame, spec: ProfileSpec) -> pd.Series:
     return (relative[PROFILE_WINDOWS] >= spec.min_windows) & (relative[FILL] >= spec.min_fill)
 
 
-def learned(prof: pd.DataFrame) -> pd.DataFrame:
+def learned(prof: pd.DataFrame, spec: ProfileSpec) -> pd.DataFrame:
     """What rules read of a profile: the learned reporting rate and power ratio, and per metric
-    whether it normally varies and its usual share of distinct readings (NaN/None when not
-    learned yet)."""
+    whether it normally varies and its usual share of distinct readings; NaN/None before the
+    device's cold start is over (``min_windows``)."""
+    prof = prof.where(prof[PROFILE_WINDOWS] >= spec.min_windows)
     out = pd.DataFrame(index=prof.index)
-    out[LEARNED_RATE] = prof["h_events_per_min_med"]
+    out[LEARNED_RATE] = prof["h_observed_rate_med"]
     out[LEARNED_POWER_RATIO] = prof["h_power_ratio_mean_med"]
     for m in PROFILE_METRICS:
         std = prof[f"h_{m}_std_med"]

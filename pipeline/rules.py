@@ -43,7 +43,7 @@ class Thresholds:
     stuck_min_events: int = 8
     # Once learned: a share of distinct readings at most this, where the device's usual share
     # is at least stuck_usual_share, is a sensor stuck for much of the window.
-    stuck_max_share: float = 0.5
+    stuck_max_share: float = 0.3
     stuck_usual_share: float = 0.85
     tamper_power_ratio: float = 0.5  # real power over voltage x current (x the learned ratio)
     min_events: int = 3

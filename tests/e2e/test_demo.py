@@ -92,4 +92,10 @@ def test_bounded_demo_detects_every_injected_scenario(
     assert set(injected) == set(c.FRAUD_SCENARIOS), out[-4000:]
     missed = [s for s, row in injected.items() if int(row["injected"]) and not int(row["detected"])]
     assert not missed, f"not detected: {missed}\n{out[-4000:]}"
+    # Alerts an analyst can trust: most of them true, and no injected scenario drowned in false
+    # ones (precision counts the alerts of the scenario's types that overlap no injection).
+    assert float(table["all"]["precision"]) >= 0.9, out[-4000:]
+    low = {s: row["precision"] for s, row in injected.items()
+           if int(row["injected"]) and float(row["precision"]) < 0.8}  # fmt: skip
+    assert not low, f"precision below 0.8: {low}\n{out[-4000:]}"
     assert re.search(r"alert latency \(Kafka -> alert committed\): p50 [\d.]+ s, p95 [\d.]+ s", out)

@@ -52,7 +52,9 @@ def false_alerts(lake_root: str) -> tuple[int, pd.Series]:
 
 
 def run(seed: int, args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix="live-quality-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="live-quality-") as scratch:
+        tmp = str(args.keep / f"seed-{seed}") if args.keep else scratch
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
             "IOT_STACK_STATE_DIR": f"{tmp}/state", "IOT_LAKE_ROOT": f"{tmp}/lake",
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accelerate", type=float, default=15.0)
     parser.add_argument("--devices", type=int, default=200)
     parser.add_argument("--scenario-rate", type=float, default=40.0)
+    parser.add_argument("--keep", type=Path, help="keep each run's state and lake here")
     args = parser.parse_args(argv)
     for seed in args.seeds:
         run(seed, args)

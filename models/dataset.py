@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from infra import contract as c
 from infra import lake
 from models.evaluation import window_labels
+from pipeline import columns as col
 from pipeline.features import batch_feature_input, feature_events, features_from_events
 from pipeline.profiles import (
     ProfileSpec,
@@ -120,18 +121,31 @@ def simulated_events(spark: SparkSession, landing: Path) -> DataFrame:
 
 
 def scoring_rows(
-    windows: pd.DataFrame, spec: ProfileSpec, rules: RuleThresholds | None = None
+    windows: pd.DataFrame,
+    spec: ProfileSpec,
+    rules: RuleThresholds | None = None,
+    *,
+    watermark_s: float | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Final windows (``window_features`` rows as pandas) as the stream's detection sees them
-    once the watermark has closed them all: with their relative features and ``scorable``, and
-    the rule alerts raised on them."""
+    """Final windows (``window_features`` rows as pandas) as the stream's detection sees them:
+    with their relative features and ``scorable``, and the rule alerts raised on them.
+
+    With ``watermark_s``, only the windows the stream's watermark has closed at the end of these
+    events (a watermark before the latest event) are history and scorable, as in the stream at
+    that point; without it, every window counts as closed (a history whose end is quiet).
+    """
     rules = rules or RuleThresholds()
     windows = windows.reset_index(drop=True)
-    prof = profiles(windows, history_rows(windows, rules.default.min_events), spec)
+    closed = pd.Series(True, index=windows.index)
+    if watermark_s is not None and len(windows):
+        edge = windows["last_event_time"].max() - pd.Timedelta(seconds=watermark_s)
+        closed = windows[col.WINDOW_END] <= edge
+    history = history_rows(windows[closed], rules.default.min_events)
+    prof = profiles(windows, history, spec)
     alerts = rule_alerts(windows.join(learned(prof, spec)), rules)
     relative = relative_features(windows, prof, spec)
     rows = pd.concat([windows, relative], axis=1)
-    rows["scorable"] = scorable(relative, spec)
+    rows["scorable"] = scorable(relative, spec) & closed
     return rows, alerts
 
 

@@ -67,7 +67,8 @@ class Detector:
 
     def deviation(self, frame: pd.DataFrame) -> np.ndarray:
         """The largest scaled feature per row (0 when all are missing)."""
-        return np.nan_to_num(self.scaled(frame).max(axis=1, skipna=True).to_numpy(), nan=0.0)
+        largest = self.scaled(frame).max(axis=1, skipna=True).to_numpy(dtype=float)
+        return np.asarray(np.nan_to_num(largest, nan=0.0), dtype=float)
 
     def score(self, frame: pd.DataFrame) -> np.ndarray:
         return np.minimum(1.0, 0.5 * self.deviation(frame) / self.threshold)

@@ -16,7 +16,8 @@ to be seen by 10-minute sliding windows. Outside injections, telemetry is clean.
 - rogue_device: a device_id that is not in the registry sends normal-looking telemetry.
 - firmware_change: the device reports a firmware other than its expected_firmware.
 - clock_skew: event_time 20 minutes to 6 hours behind (late delivery) or 20 minutes to 3 hours
-  ahead of the send time.
+  ahead of the send time (ahead of the wall clock in a run faster than real time, whose
+  simulated clock lags the wall clock until its end).
 - malformed: every 10 s the device sends a message that is malformed in one way, labelled with the
   quarantine reason it must get (``infra.contract.REASON_*``).
 

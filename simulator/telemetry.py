@@ -323,6 +323,8 @@ class Simulation:
             dev = picked
         device_type = TYPES[int(self.fleet.type_code[dev])]
         chosen = sc.choose_params(scenario, device_type, self.rng, self.settings.malformed_reasons)
+        if scenario == "clock_skew" and chosen["skew_s"] > 0:
+            chosen["skew_s"] = round(chosen["skew_s"] + self._behind_wall_clock(start), 1)
         chosen.update(params)
         self._injections += 1
         injection = sc.Injection(
@@ -375,6 +377,18 @@ class Simulation:
                     self.inject(scenario, start_s=start)
                 except ValueError:
                     log.debug("no free device for %s; skipped", scenario)
+
+    def _behind_wall_clock(self, t: float) -> float:
+        """How far the simulated clock is behind the wall clock at ``t`` simulated seconds, in a
+        run faster than real time that ends near now (0 otherwise). A device clock "ahead" is
+        ahead of real time, as in production, so the pipeline's clock check sees it: ahead of
+        a simulated clock that lags by an hour it would pass as on time, and move the watermark
+        past every other device's events."""
+        s = self.settings
+        if not (s.duration and s.accelerate > 1.0) or s.start_time is not None:
+            return 0.0
+        span = s.duration * s.accelerate
+        return max(0.0, (span - t) * (1.0 - 1.0 / s.accelerate))
 
     def _may_start(self, scenario: str, start: float) -> bool:
         """Whether an injection may start at ``start`` simulated seconds: after the warm-up for

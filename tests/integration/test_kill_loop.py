@@ -26,7 +26,7 @@ import pytest
 from infra import lake as tables
 from models.dataset import scoring_rows
 from pipeline import job
-from pipeline.settings import PipelineSettings
+from pipeline.settings import PipelineSettings, seconds
 from tests.integration.test_exactly_once import delta_rows, snapshot
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -126,7 +126,8 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
     assert {a[1] for a in expected["alerts"]} >= {"rogue_device", "replay"}
     features = spark.read.format("delta").load(tables.table_path(reference_lake, "features"))
     # The rules on each final window, against its device's profile as the stream has it then.
-    _, final_alerts = scoring_rows(features.toPandas(), job_settings.profile_spec())
+    _, final_alerts = scoring_rows(features.toPandas(), job_settings.profile_spec(),
+                                   watermark_s=seconds(job_settings.watermark))  # fmt: skip
     called_for = set(final_alerts["alert_id"])
     for name, alerts in (("killed", actual["alerts"]), ("reference", expected["alerts"])):
         missing = called_for - {a[0] for a in alerts}

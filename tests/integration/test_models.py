@@ -1,5 +1,5 @@
 """Models on real parts: training on a small simulated history (Spark, the pipeline's feature
-code), registration in a SQLite MLflow store, scoring by alias through the pipeline's spark_udf,
+code and profiles), registration in a SQLite MLflow store, scoring by alias as the pipeline does,
 and champion / challenger / rollback through the CLI."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from models import cli, registry
-from models.dataset import History, simulated_events
+from models.dataset import History, scoring_rows, simulated_events
 from models.settings import ModelSettings
 from models.train import TrainResult, champion_score, train
 from pipeline.features import batch_feature_input, features_from_events
+from pipeline.profiles import ProfileSpec
 from pipeline.scoring import ModelScorer, model_alerts
 from tests.mlflow_helpers import BUSY_EXAMPLE, Broken, register_model
 
@@ -38,7 +39,7 @@ def trained(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Tr
         name=NAME, devices=40, hours=1.5, holdout_hours=1.0, scenario_rate=150,
         seed=3, holdout_seed=4, workdir=str(folder / "work"),
     )  # fmt: skip
-    first = train(spark, settings, uri, window="10 minutes", slide="1 minute")
+    first = train(spark, settings, uri, window="10 minutes", slide="5 minutes", spec=ProfileSpec())
     return Trained(settings, uri, first)
 
 
@@ -58,7 +59,7 @@ def test_training_logs_metrics_and_plots_and_registers_the_champion(trained: Tra
                  "holdout_all_median_time_to_detect_s",
                  "holdout_false_alerts_per_10k_clean_windows"):  # fmt: skip
         assert name in metrics, name
-    assert run.data.params["seed"] == "3" and "p_threshold" in run.data.params
+    assert run.data.params["seed"] == "3" and "deviation_threshold" in run.data.params
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"confusion_matrix.png", "pr_curve.png", "holdout_by_scenario.csv"} <= artifacts
     # Rules and model together catch most injected fraud even on this small fleet.
@@ -72,17 +73,21 @@ def test_the_pipeline_scores_windows_with_the_champion_by_alias(
     work = Path(trained.settings.workdir) / "holdout"
     events = batch_feature_input(simulated_events(spark, work / "landing"))
     devices = spark.read.format("delta").load(str(work / "lake" / "devices"))
-    features = features_from_events(events, devices)
-    model = ModelScorer(trained.uri, NAME).current(spark, features.columns)
+    windows = features_from_events(events, devices, window="10 minutes", slide="5 minutes")
+    rows, _ = scoring_rows(windows.toPandas(), ProfileSpec())
+    rows = rows[rows["scorable"]].reset_index(drop=True)
+    model = ModelScorer(trained.uri, NAME).current(rows.columns)
     assert model is not None and model.version == trained.first.version
     assert model.threshold == 0.5
-    assert ("device_type", "string") in model.inputs and ("power_w_mean", "double") in model.inputs
-    alerts = model_alerts(features, model).collect()
-    assert alerts, "the held-out fleet has injected anomalies the model must flag"
-    assert {(a.alert_type, a.model_name, a.model_version) for a in alerts} == {
-        ("model_anomaly", NAME, trained.first.version)
-    }
-    assert all(0.5 <= a.score <= 1.0 for a in alerts)
+    assert ("rel_temperature_c_level", "double") in model.inputs
+    assert not any(name == "device_type" for name, _ in model.inputs)  # itself, not its type
+    scores = model.score(rows)
+    alerts = model_alerts(rows, scores, model)
+    assert len(alerts), "the held-out fleet has injected anomalies the model must flag"
+    assert set(zip(alerts["alert_type"], alerts["model_name"], alerts["model_version"],
+                   strict=True)) == {("model_anomaly", NAME, trained.first.version)}  # fmt: skip
+    assert alerts["score"].between(0.5, 1.0).all()
+    assert all("sd of its own normal" in r[0] for r in alerts["reasons"])
     # Flagged devices had a scenario injected (the model is precise on the held-out fleet).
     truth = trained.first.report  # per scenario; the flagged devices come from the holdout truth
     assert truth.loc[truth["scenario"] == "all", "precision"].item() >= 0.9
@@ -95,7 +100,8 @@ def test_a_candidate_that_does_not_beat_the_champion_is_the_challenger_and_cli_m
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Same data and seed: the same score, and a tie keeps the champion.
-    second = train(spark, trained.settings, trained.uri, window="10 minutes", slide="1 minute")
+    second = train(spark, trained.settings, trained.uri, window="10 minutes", slide="5 minutes",
+                   spec=ProfileSpec())  # fmt: skip
     v1, v2 = trained.first.version, second.version
     assert not second.promoted and second.champion_score == trained.first.score
     assert aliases(trained.uri) == {"champion": v1, "challenger": v2}

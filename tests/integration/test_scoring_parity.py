@@ -66,10 +66,10 @@ def test_stream_scores_exactly_the_rows_training_builds(
     devices = spark.read.format("delta").load(lake_paths.table_path(lake, lake_paths.DEVICES))
     windows = features_from_events(telemetry, devices, window=settings.window,
                                    slide=settings.slide).toPandas()  # fmt: skip
-    trained, _ = scoring_rows(windows, settings.profile_spec())
-    # What the watermark has closed: windows that end a watermark before the last event.
-    closed = windows["last_event_time"].max() - pd.Timedelta(seconds=seconds(settings.watermark))
-    trained = trained[trained["scorable"] & (trained["window_end"] <= closed)]
+    # What the watermark has closed at the end: windows that end a watermark before the last event.
+    trained, _ = scoring_rows(windows, settings.profile_spec(),
+                              watermark_s=seconds(settings.watermark))  # fmt: skip
+    trained = trained[trained["scorable"]]
 
     keys = ["device_id", "window_start"]
     streamed = streamed.sort_values(keys).reset_index(drop=True)

@@ -92,7 +92,8 @@ def advance(
     closes = merged[col.WINDOW_END] <= max_event_time - pd.Timedelta(seconds=watermark_s)
     closing = merged[closes]
     added = history_rows(closing, min_events)
-    history = added if state.history.empty else pd.concat([state.history, added])
+    parts = [part for part in (state.history, added) if not part.empty]
+    history = pd.concat(parts) if len(parts) > 1 else (parts[0] if parts else state.history)
     # Kept: what the profile of a window closing now or later can still read.
     if len(merged):
         oldest = merged[col.WINDOW_START].min()

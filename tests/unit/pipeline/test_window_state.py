@@ -1,0 +1,54 @@
+"""The driver's window state: a window closes once the latest event less the watermark passes
+its end, with its final state; a closed window delivered again is not counted twice."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipeline.detection import WindowState, advance
+from pipeline.profiles import HISTORY_COLUMNS, ProfileSpec
+
+T0 = pd.Timestamp("2026-11-25 08:00:00")
+
+
+def window(start_min: int, last_min: float, count: int = 20, device: str = "d1") -> dict:
+    start = T0 + pd.Timedelta(minutes=start_min)
+    row = {name: 1.0 for name in HISTORY_COLUMNS}
+    row.update({
+        "device_id": device, "window_start": start, "window_end": start + pd.Timedelta(minutes=10),
+        "event_count": count, "first_event_time": start,
+        "last_event_time": T0 + pd.Timedelta(minutes=last_min),
+    })  # fmt: skip
+    return row
+
+
+def step(state: WindowState, rows: list[dict]) -> tuple[WindowState, pd.DataFrame]:
+    return advance(state, pd.DataFrame(rows), spec=ProfileSpec(), watermark_s=300, min_events=3)
+
+
+def test_windows_close_with_their_final_state_once_the_watermark_passes_their_end() -> None:
+    state, closing = step(WindowState.empty(), [window(0, 4, count=8), window(-5, 4, count=8)])
+    assert closing.empty  # latest event 08:04: nothing ends before 07:59
+    state, closing = step(state, [window(0, 9.9, count=20), window(5, 10.5, count=9)])
+    # 08:10:30 less the watermark is 08:05:30: the window ending at 08:05 closes.
+    assert list(closing["window_start"]) == [T0 - pd.Timedelta(minutes=5)]
+    state, closing = step(state, [window(5, 15.5), window(10, 15.5, count=3)])
+    assert list(closing["window_start"]) == [T0]
+    assert closing["event_count"].tolist() == [20]  # the latest state, not the first
+    assert sorted(state.history["window_start"]) == [T0 - pd.Timedelta(minutes=5), T0]
+    assert sorted(state.open["window_start"]) == [T0 + pd.Timedelta(minutes=5),
+                                                  T0 + pd.Timedelta(minutes=10)]  # fmt: skip
+
+
+def test_a_closed_window_delivered_again_does_not_count_twice() -> None:
+    state, _ = step(WindowState.empty(), [window(0, 9.5)])
+    state, closing = step(state, [window(10, 20)])
+    assert list(closing["window_start"]) == [T0]
+    state, closing = step(state, [window(0, 9.5)])  # as Spark never would, but a test might
+    assert closing.empty and len(state.history) == 1
+
+
+def test_thin_windows_close_but_teach_the_profile_nothing() -> None:
+    state, _ = step(WindowState.empty(), [window(0, 9.5, count=2)])
+    state, closing = step(state, [window(10, 20)])
+    assert len(closing) == 1 and state.history.empty

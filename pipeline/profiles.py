@@ -107,7 +107,14 @@ def profiles(windows: pd.DataFrame, history: pd.DataFrame, spec: ProfileSpec) ->
     medians and spreads named ``h_<column>_<stat>``, NaN where there is no history.
     """
     keys = windows[["device_id", col.WINDOW_START]].reset_index(names="_row")
-    hist = history[list(HISTORY_COLUMNS)].rename(columns={col.WINDOW_START: "_h_start"})
+    # Typed even when empty (an empty history has no dtypes to infer).
+    times = (col.WINDOW_START, col.WINDOW_END, "first_event_time", "last_event_time")
+    hist = history[list(HISTORY_COLUMNS)].astype(
+        {name: "float64" for name in HISTORY_COLUMNS if name not in ("device_id", *times)}
+    )
+    for name in times:
+        hist[name] = pd.to_datetime(hist[name])
+    hist = hist.rename(columns={col.WINDOW_START: "_h_start"})
     pairs = keys.merge(hist, on="device_id", how="inner")
     start = pairs[col.WINDOW_START]
     keep = (pairs[col.WINDOW_END] <= start) & (

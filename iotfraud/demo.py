@@ -127,10 +127,15 @@ def ensure_model(env: dict[str, str], devices: int, hours: float) -> None:
 
     settings = load_settings(ModelSettings)
     client = registry.client(tracking_uri(settings.mlflow_tracking_uri))
-    if registry.alias_version(client, settings.name, registry.CHAMPION) is not None:
+    champion = registry.alias_version(client, settings.name, registry.CHAMPION)
+    if champion is not None and registry.compares_with_own_normal(settings.name, champion):
         return
+    why = "no champion yet" if champion is None else (
+        f"champion v{champion} was trained by an earlier release (absolute statistics per "
+        "device type)"
+    )  # fmt: skip
     print(
-        f"no {settings.name}@champion yet: training a first model on {hours:g} simulated hours "
+        f"{settings.name}: {why}: training a first model on {hours:g} simulated hours "
         f"of {devices} devices (a few minutes; `iotfraud train` trains a bigger one)",
         flush=True,
     )

@@ -48,6 +48,19 @@ def alias_version(mlflow_client: Any, name: str, alias: str) -> str | None:
         return None
 
 
+def compares_with_own_normal(name: str, version: str) -> bool:
+    """Whether a registered version scores windows relative to each device's own normal (its
+    inputs are ``pipeline.profiles.RELATIVE_FEATURES``), as this release trains them; one
+    registered by an earlier release scored absolute window statistics per device type."""
+    import mlflow
+
+    from pipeline.profiles import RELATIVE_FEATURES
+
+    info = mlflow.models.get_model_info(f"models:/{name}/{version}")
+    inputs = set(info.signature.inputs.input_names()) if info.signature else set()
+    return bool(inputs) and inputs <= set(RELATIVE_FEATURES)
+
+
 def _check_version(mlflow_client: Any, name: str, version: str) -> None:
     from mlflow.exceptions import MlflowException
 

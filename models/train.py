@@ -151,6 +151,10 @@ def champion_score(tracking_uri: str, name: str, holdout: History) -> registry.S
     if version is None:
         return None
     uri = f"models:/{name}/{version}"
+    if not registry.compares_with_own_normal(name, version):
+        log.warning("champion %s scores absolute window statistics (an earlier release): it "
+                    "does not count against the candidate", uri)  # fmt: skip
+        return None
     model = mlflow.pyfunc.load_model(uri)
     threshold = float((model.metadata.metadata or {}).get("threshold", 0.5))
     schema = model.metadata.get_input_schema()

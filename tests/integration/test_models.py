@@ -16,9 +16,9 @@ from models.dataset import History, scoring_rows, simulated_events
 from models.settings import ModelSettings
 from models.train import TrainResult, champion_score, train
 from pipeline.features import batch_feature_input, features_from_events
-from pipeline.profiles import ProfileSpec
+from pipeline.profiles import RELATIVE_FEATURES, ProfileSpec
 from pipeline.scoring import ModelScorer, model_alerts
-from tests.mlflow_helpers import BUSY_EXAMPLE, Broken, register_model
+from tests.mlflow_helpers import BUSY_EXAMPLE, Broken, BusyWindow, register_model
 
 pytestmark = pytest.mark.integration
 NAME = "iot-fraud-test"  # the same registered model name as tests.mlflow_helpers.MODEL
@@ -124,9 +124,22 @@ def test_a_champion_that_cannot_score_the_current_features_does_not_block_promot
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    register_model(uri, tmp_path, Broken(), BUSY_EXAMPLE)  # as from an older release
-    features = BUSY_EXAMPLE.assign(label=["clean", "clean"])
-    holdout = History(features, truth=pd.DataFrame(), rule_alerts=pd.DataFrame())
+    relative = pd.DataFrame({name: [0.1, -0.2] for name in RELATIVE_FEATURES})
+    register_model(uri, tmp_path, Broken(), relative)
+    holdout = History(relative.assign(label=["clean", "clean"], scorable=[True, True]),
+                      truth=pd.DataFrame(), rule_alerts=pd.DataFrame())  # fmt: skip
 
     assert champion_score(uri, NAME, holdout) is None  # so any candidate beats it
     assert "cannot score the current features" in caplog.text and "power_w_slope" in caplog.text
+
+
+def test_a_champion_of_an_earlier_release_does_not_count_against_a_candidate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    register_model(uri, tmp_path, BusyWindow(1), BUSY_EXAMPLE)  # absolute window statistics
+    holdout = History(BUSY_EXAMPLE.assign(label=["clean", "clean"], scorable=[True, True]),
+                      truth=pd.DataFrame(), rule_alerts=pd.DataFrame())  # fmt: skip
+
+    assert champion_score(uri, NAME, holdout) is None
+    assert "an earlier release" in caplog.text

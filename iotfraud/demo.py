@@ -126,9 +126,9 @@ def ensure_model(env: dict[str, str], devices: int, hours: float) -> None:
     from models.settings import ModelSettings
 
     settings = load_settings(ModelSettings)
-    client = registry.client(tracking_uri(settings.mlflow_tracking_uri))
-    champion = registry.alias_version(client, settings.name, registry.CHAMPION)
-    if champion is not None and registry.compares_with_own_normal(settings.name, champion):
+    uri = tracking_uri(settings.mlflow_tracking_uri)
+    champion = registry.alias_version(registry.client(uri), settings.name, registry.CHAMPION)
+    if champion is not None and registry.compares_with_own_normal(uri, settings.name, champion):
         return
     why = "no champion yet" if champion is None else (
         f"champion v{champion} was trained by an earlier release (absolute statistics per "

@@ -48,7 +48,7 @@ def alias_version(mlflow_client: Any, name: str, alias: str) -> str | None:
         return None
 
 
-def compares_with_own_normal(name: str, version: str) -> bool:
+def compares_with_own_normal(tracking_uri: str, name: str, version: str) -> bool:
     """Whether a registered version scores windows relative to each device's own normal (its
     inputs are ``pipeline.profiles.RELATIVE_FEATURES``), as this release trains them; one
     registered by an earlier release scored absolute window statistics per device type."""
@@ -56,6 +56,8 @@ def compares_with_own_normal(name: str, version: str) -> bool:
 
     from pipeline.profiles import RELATIVE_FEATURES
 
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
     info = mlflow.models.get_model_info(f"models:/{name}/{version}")
     inputs = set(info.signature.inputs.input_names()) if info.signature else set()
     return bool(inputs) and inputs <= set(RELATIVE_FEATURES)

@@ -151,7 +151,8 @@ def champion_score(tracking_uri: str, name: str, holdout: History) -> registry.S
     if version is None:
         return None
     uri = f"models:/{name}/{version}"
-    if not registry.compares_with_own_normal(name, version):
+    # Also points mlflow at the store, for the load below.
+    if not registry.compares_with_own_normal(tracking_uri, name, version):
         log.warning("champion %s scores absolute window statistics (an earlier release): it "
                     "does not count against the candidate", uri)  # fmt: skip
         return None

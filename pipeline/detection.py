@@ -102,7 +102,7 @@ def advance(
     return WindowState(merged[~closes], history, max_event_time), closing.reset_index(drop=True)
 
 
-def scoring_rows(closing: pd.DataFrame, history: pd.DataFrame, spec: ProfileSpec) -> pd.DataFrame:
+def rows_to_score(closing: pd.DataFrame, history: pd.DataFrame, spec: ProfileSpec) -> pd.DataFrame:
     """The closed windows the model scores (past their device's cold start, filled enough):
     window features plus their relative features. The same rows as training's
     (``models.dataset.scoring_rows``) for the same events."""
@@ -184,7 +184,7 @@ class FeaturesBatchWriter:
                                  min_events=self.rules.default.min_events)  # fmt: skip
         columns = [*windows.columns, *RELATIVE_FEATURES, PROFILE_WINDOWS, FILL]
         model = self.scorer.current(columns) if self.scorer else None
-        scoring = scoring_rows(closing, state.history, self.spec)
+        scoring = rows_to_score(closing, state.history, self.spec)
         alerts = detect(changed, scoring, state.history, model=model, rules=self.rules,
                         spec=self.spec)  # fmt: skip
         # Alerts first: a crash before the features commit replays this batch on the state

@@ -189,9 +189,10 @@ class FeaturesBatchWriter:
                         spec=self.spec)  # fmt: skip
         # Alerts first: a crash before the features commit replays this batch on the state
         # it started from (see the module docstring).
-        merge_alerts(
-            to_spark(spark, alerts, batch_id), lake.table_path(self.lake_root, lake.ALERTS)
-        )
+        if len(alerts):  # most batches alert on nothing: no Spark job for them
+            merge_alerts(
+                to_spark(spark, alerts, batch_id), lake.table_path(self.lake_root, lake.ALERTS)
+            )
         if len(changed):
             upsert(spark, windows, features_path, FEATURE_KEYS, prune_on=col.WINDOW_START)
         self.state = state

@@ -5,6 +5,12 @@ Usage::
     .venv/bin/python bench/live_quality.py [--seeds 11 12] [--duration 240] [--accelerate 15] \\
         [--devices 200] [--scenario-rate 40]
     .venv/bin/python bench/live_quality.py --duration 1500 --accelerate 1 --devices 1000
+    .venv/bin/python bench/live_quality.py --interrupt-after 600 --seeds 31   # make demo, 10 min
+
+``--interrupt-after S`` runs the demo as ``make demo`` does (real time, 2,000 devices unless
+``--devices``, no end, the simulator's default scenario rate unless ``--scenario-rate``) and
+presses Ctrl-C (SIGINT) S seconds after its first progress line, i.e. after S seconds of the
+pipeline and simulator running; the demo then prints its summary as it does for a user.
 
 For each seed, in a fresh state folder with its own broker ports: ``iotfraud demo --no-dashboard``
 with the given fleet, duration and clock (the real stack: a Kafka broker, the simulator, ``pipeline
@@ -24,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -62,19 +70,23 @@ def run(seed: int, args: argparse.Namespace) -> None:
             "IOT_MODEL_WORKDIR": f"{tmp}/training",
             "IOT_STACK_KAFKA_PORT": str(free_port()),
             "IOT_STACK_KAFKA_CONTROLLER_PORT": str(free_port()),
-            "IOT_SIM_SCENARIO_RATE": str(args.scenario_rate),
         }  # fmt: skip
+        if args.scenario_rate is not None:
+            env["IOT_SIM_SCENARIO_RATE"] = str(args.scenario_rate)
         command = [sys.executable, "-m", "iotfraud", "demo", "--no-dashboard",
-                   "--duration", str(args.duration), "--accelerate", str(args.accelerate),
                    "--devices", str(args.devices), "--seed", str(seed)]  # fmt: skip
+        if args.interrupt_after is None:
+            command += ["--duration", str(args.duration), "--accelerate", str(args.accelerate)]
         try:
-            out = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True,
-                                 check=False, timeout=args.duration + 3600).stdout  # fmt: skip
+            out = demo(command, tmp, env, args)
         finally:
             subprocess.run([sys.executable, "-m", "iotfraud", "stack", "down"], env=env,
                            cwd=tmp, capture_output=True, timeout=120, check=False)  # fmt: skip
-        print(f"=== seed {seed}: {args.devices} devices, {args.duration:g} s at "
-              f"{args.accelerate:g}x, scenario rate {args.scenario_rate:g}")  # fmt: skip
+        rate = "default" if args.scenario_rate is None else f"{args.scenario_rate:g}"
+        how = (f"interrupted {args.interrupt_after:g} s after the first progress line (real time)"
+               if args.interrupt_after is not None
+               else f"{args.duration:g} s at {args.accelerate:g}x")  # fmt: skip
+        print(f"=== seed {seed}: {args.devices} devices, {how}, scenario rate {rate}")
         start = out.find("produced to Kafka")
         print(out[start:] if start >= 0 else out[-3000:])
         clean, false = false_alerts(f"{tmp}/lake")
@@ -86,15 +98,49 @@ def run(seed: int, args: argparse.Namespace) -> None:
         )
 
 
+def demo(command: list[str], cwd: str, env: dict[str, str], args: argparse.Namespace) -> str:
+    """The demo's standard output; with ``--interrupt-after``, Ctrl-C once it has run that long."""
+    if args.interrupt_after is None:
+        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                              check=False, timeout=args.duration + 3600).stdout  # fmt: skip
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = None
+    for line in proc.stdout:  # the demo prints a progress line every 10 s
+        lines.append(line)
+        if deadline is None and line.startswith("telemetry "):
+            deadline = time.monotonic() + args.interrupt_after
+        if deadline is not None and time.monotonic() >= deadline:
+            proc.send_signal(signal.SIGINT)
+            break
+    lines += proc.stdout.readlines()
+    proc.wait(timeout=600)
+    return "".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[11, 12])
     parser.add_argument("--duration", type=float, default=240.0)
     parser.add_argument("--accelerate", type=float, default=15.0)
-    parser.add_argument("--devices", type=int, default=200)
-    parser.add_argument("--scenario-rate", type=float, default=40.0)
+    parser.add_argument("--devices", type=int, help="200; 2,000 with --interrupt-after")
+    parser.add_argument(
+        "--scenario-rate",
+        type=float,
+        help="injections per simulated hour per "
+        "1,000 devices: 40; the simulator's default with --interrupt-after",
+    )
+    parser.add_argument("--interrupt-after", type=float, help="run as `make demo` does and "
+                        "press Ctrl-C after this many seconds")  # fmt: skip
     parser.add_argument("--keep", type=Path, help="keep each run's state and lake here")
     args = parser.parse_args(argv)
+    if args.interrupt_after is None:
+        args.devices = args.devices or 200
+        args.scenario_rate = args.scenario_rate or 40.0
+    else:
+        args.devices = args.devices or 2000
     for seed in args.seeds:
         run(seed, args)
     return 0

@@ -104,8 +104,9 @@ def simulate_histories(
     args: argparse.Namespace, settings: ModelSettings
 ) -> tuple[tuple[History, float], tuple[History, float]]:
     """The training and held-out histories, each with the seconds it took."""
-    pipeline = load_settings(PipelineSettings)
-    window, slide = args.window or pipeline.window, args.slide or pipeline.slide
+    overrides = {k: v for k, v in {"window": args.window, "slide": args.slide}.items() if v}
+    pipeline = load_settings(PipelineSettings, **overrides)
+    window, slide = pipeline.window, pipeline.slide
     print(f"window {window}, slide {slide}")
     spark = build_spark_session("bench-model-quality", load_settings(SparkSettings),
                                 extra_conf={"spark.ui.showConsoleProgress": "false"})  # fmt: skip

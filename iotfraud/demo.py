@@ -227,8 +227,7 @@ def scenario_timing(bounded: bool) -> dict[str, str]:
     from pipeline.settings import PipelineSettings, seconds
 
     pipeline = load_settings(PipelineSettings)
-    slide = seconds(pipeline.slide)
-    timing = {"IOT_SIM_SCENARIO_WARMUP_S": str((pipeline.profile_min_windows + 1) * slide)}
+    timing = {"IOT_SIM_SCENARIO_WARMUP_S": str(pipeline.profile_spec().cold_start_s)}
     if bounded:
         tail = seconds(pipeline.window) + seconds(pipeline.watermark)
         timing["IOT_SIM_QUIET_TAIL_S"] = str(tail)

@@ -3,7 +3,10 @@
 A device's *profile* at a window is made of the device's own closed windows that ended at or
 before that window began (so it never overlaps what it is compared with) and started within
 ``span_s`` before that: per metric the median level and its spread, the median within-window
-spread and range, the median share of distinct readings, power ratio and reporting rate.
+spread and range, the median share of distinct readings, power ratio and reporting rate. A
+history window whose level of a metric lies far from the others (``OUTLIER_K`` robust standard
+deviations) is left out of that metric's profile: an anomaly a few windows long must not become
+the normal the windows after it are compared with.
 
 ``relative_features`` turns a window and its profile into unit-free numbers that are about 0 for
 a device behaving as it usually does, whatever its levels, rate or sensors (a 1 Hz pump rig or
@@ -63,6 +66,8 @@ LEARNED_RATE = "learned_events_per_min"
 LEARNED_POWER_RATIO = "learned_power_ratio"
 _CLIP = 50.0
 _IQR_TO_SIGMA = 1.349
+_MAD_TO_SIGMA = 1.4826
+OUTLIER_K = 3.0
 
 
 def learned_varies(metric: str) -> str:
@@ -78,9 +83,16 @@ class ProfileSpec:
     """How a profile is learned and when a window is scored against it."""
 
     window_s: float = 600.0  # the sliding window's length
-    span_s: float = 3600.0  # how far back a profile reaches
+    slide_s: float = 300.0  # the sliding window's step
+    span_s: float = 7200.0  # how far back a profile reaches
     min_windows: int = 3  # fewer closed windows than this: cold start, no model score
     min_fill: float = 0.5  # a window with fewer events than this share of the usual: not scored
+
+    @property
+    def cold_start_s(self) -> float:
+        """Event time from a device's first event until the windows starting then are scored:
+        ``min_windows`` closed windows before them, and the partial one at the start."""
+        return (self.min_windows + 1) * self.slide_s
 
 
 def observed_rate(windows: pd.DataFrame) -> pd.Series:
@@ -96,6 +108,20 @@ def _floor(level: pd.Series) -> pd.Series:
     """The smallest spread a level is measured against: a constant reading (a spread of 0)
     must not turn every change into an infinite z-score."""
     return 1e-3 * level.abs() + 1e-3
+
+
+def _inlier_level(pairs: pd.DataFrame, metric: str) -> pd.Series:
+    """Per history window, whether its level of ``metric`` is within OUTLIER_K robust standard
+    deviations of the profile's median level: a spike or dip that lasted a few windows must not
+    become the normal the next windows are compared with."""
+    rows = pairs["_row"]
+    mean = pairs[f"{metric}_mean"]
+    center = mean.groupby(rows).transform("median")
+    distance = (mean - center).abs()
+    mad = distance.groupby(rows).transform("median")
+    within = pairs[f"{metric}_std"].groupby(rows).transform("median")
+    scale = pd.concat([mad * _MAD_TO_SIGMA, within, _floor(center)], axis=1).max(axis=1)
+    return distance <= OUTLIER_K * scale
 
 
 def profiles(windows: pd.DataFrame, history: pd.DataFrame, spec: ProfileSpec) -> pd.DataFrame:
@@ -124,6 +150,10 @@ def profiles(windows: pd.DataFrame, history: pd.DataFrame, spec: ProfileSpec) ->
     for m in PROFILE_METRICS:
         pairs[f"{m}_range"] = pairs[f"{m}_max"] - pairs[f"{m}_min"]
     pairs["observed_rate"] = observed_rate(pairs)
+    for m in PROFILE_METRICS:
+        inlier = _inlier_level(pairs, m)
+        for stat in ("mean", "std", "range", "distinct_share"):
+            pairs[f"{m}_{stat}"] = pairs[f"{m}_{stat}"].where(inlier)
     medians = [
         col.EVENT_COUNT, "observed_rate", "power_ratio_mean",
         *(f"{m}_{s}" for m in PROFILE_METRICS for s in ("mean", "std", "range", "distinct_share")),

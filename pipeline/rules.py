@@ -41,10 +41,11 @@ class Thresholds:
     flood_events_per_min: float = 30.0  # before the device's own rate is learned
     flood_factor: float = 5.0  # once learned: this many times the device's own rate
     stuck_min_events: int = 8
-    # Once learned: a share of distinct readings at most this, where the device's usual share
-    # is at least stuck_usual_share, is a sensor stuck for much of the window.
+    # Once learned: a share of distinct readings at most stuck_max_share, and at most the
+    # device's usual share over stuck_share_drop, is a sensor stuck for much of the window
+    # (a coarse sensor repeats readings normally; its share still falls further when stuck).
     stuck_max_share: float = 0.3
-    stuck_usual_share: float = 0.85
+    stuck_share_drop: float = 3.0
     tamper_power_ratio: float = 0.5  # real power over voltage x current (x the learned ratio)
     min_events: int = 3
 
@@ -127,7 +128,8 @@ def _tamper_limit(w: pd.DataFrame, t: pd.DataFrame) -> pd.Series:
 def _stuck(w: pd.DataFrame, t: pd.DataFrame) -> pd.Series:
     """Comma-separated metrics stuck in the window ('' when none): constant readings of a
     metric that normally varies, or, once the device's usual share of distinct readings is
-    learned and high, a share that fell to ``stuck_max_share`` (stuck for much of the window)."""
+    learned, a share that fell to ``stuck_max_share`` and to a ``stuck_share_drop``-th of the usual
+    (stuck for much of the window)."""
     names = pd.Series("", index=w.index, dtype="object")
     for m in c.REPEAT_METRICS:
         varies = w.get(learned_varies(m))
@@ -135,9 +137,8 @@ def _stuck(w: pd.DataFrame, t: pd.DataFrame) -> pd.Series:
         usual = w.get(learned_distinct(m))
         hit = (w[f"{m}_std"] == 0) & w[f"{m}_mean"].notna()
         if usual is not None:
-            hit |= (usual >= t["stuck_usual_share"]) & (
-                w[f"{m}_distinct_share"] <= t["stuck_max_share"]
-            )
+            share = w[f"{m}_distinct_share"]
+            hit |= (share <= t["stuck_max_share"]) & (share * t["stuck_share_drop"] <= usual)
         hit &= (w[col.EVENT_COUNT] >= t["stuck_min_events"]) & normally_varies
         names = names.where(~hit, names + np.where(names == "", "", ",") + m)
     return names

@@ -88,7 +88,7 @@ class PipelineSettings(CommonSettings):
     )
     status_interval_s: float = Field(default=5.0, gt=0, description="Seconds between status lines")
     profile_span: str = Field(
-        default="1 hour",
+        default="2 hours",
         description="How far back each device's own normal reaches (its closed windows)",
     )
     profile_min_windows: int = Field(
@@ -161,6 +161,7 @@ class PipelineSettings(CommonSettings):
         """How each device's own normal is learned (the stream and training share it)."""
         return ProfileSpec(
             window_s=seconds(self.window),
+            slide_s=seconds(self.slide),
             span_s=seconds(self.profile_span),
             min_windows=self.profile_min_windows,
         )

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from infra import contract as c
 from pipeline.alerts import alert_id
 from pipeline.features import features_from_events
-from pipeline.profiles import LEARNED_RATE
+from pipeline.profiles import LEARNED_RATE, learned_distinct
 from pipeline.rules import RuleThresholds, rule_alerts
 from tests.pipeline_helpers import device_series
 
@@ -144,6 +144,23 @@ def test_a_1hz_device_is_no_flood_once_its_rate_is_learned(spark: Any) -> None:
     assert rule_alerts(learned).empty
     flooding = learned.assign(events_per_min=400.0)
     assert set(rule_alerts(flooding)["alert_type"]) == {"flood"}
+
+
+def test_stuck_is_a_share_of_distinct_readings_far_below_the_device_s_own(spark: Any) -> None:
+    """A coarse sensor repeats readings as a matter of course (usual share 0.5): a window at 0.25
+    is its normal noise, at 0.1 it is stuck; a fine sensor (usual 0.95) at 0.25 is stuck."""
+    events = events_df(spark, device_series("clean", START, 40))
+    features = features_from_events(
+        events, registry_df(spark), window="10 minutes", slide="5 minutes"
+    ).toPandas()
+    usual = learned_distinct("temperature_c")
+
+    def stuck(share: float, usual_share: float) -> bool:
+        window = features.assign(temperature_c_distinct_share=share, **{usual: usual_share})
+        return "stuck_sensor" in set(rule_alerts(window)["alert_type"])
+
+    assert not stuck(0.25, 0.5) and stuck(0.1, 0.5)
+    assert stuck(0.25, 0.95) and not stuck(0.35, 0.95)
 
 
 def test_thresholds_per_device_type_from_configuration(spark: Any) -> None:

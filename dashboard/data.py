@@ -444,13 +444,13 @@ def map_points(
 def read_pipeline_metrics(
     lake_root: str, since: datetime | None = None, until: datetime | None = None
 ) -> pl.DataFrame:
-    """Micro-batch progress in time order, with ``watermark_lag_s`` (batch time - watermark)."""
+    """Micro-batch progress in time order, with ``watermark_lag_s`` (batch time - watermark;
+    null before a query has a watermark, also in rows an earlier release wrote with the epoch)."""
     where = time_filter("timestamp", since, until)
     frame = read_table(lake_root, lake.PIPELINE_METRICS, where=where)
+    lag = (pl.col("timestamp") - pl.col("watermark")).dt.total_milliseconds() / 1000.0
     return frame.sort("timestamp").with_columns(
-        ((pl.col("timestamp") - pl.col("watermark")).dt.total_milliseconds() / 1000.0).alias(
-            "watermark_lag_s"
-        )
+        pl.when(pl.col("watermark") > c.NO_WATERMARK).then(lag).alias("watermark_lag_s")
     )
 
 

@@ -6,6 +6,7 @@ Column lists are ``(name, type)`` pairs in Spark SQL type syntax; ``spark_ddl`` 
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -224,6 +225,8 @@ PIPELINE_METRICS_COLUMNS: Columns = (
     ("state_rows", "long"),
     ("late_rows_dropped", "long"),
 )
+# What Spark reports as a query's watermark before it has one; ``watermark`` is null then.
+NO_WATERMARK = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 EVALUATION_COLUMNS: Columns = (
     ("evaluated_at", "timestamp"),

@@ -32,7 +32,7 @@ def progress_row(progress: dict[str, Any]) -> dict[str, Any]:
         "input_rows_per_second": float(progress.get("inputRowsPerSecond") or 0.0),
         "processed_rows_per_second": float(progress.get("processedRowsPerSecond") or 0.0),
         "batch_duration_ms": int(progress.get("batchDuration") or 0),
-        "watermark": _ts(watermark),
+        "watermark": _watermark(watermark),
         "state_rows": sum(int(op.get("numRowsTotal") or 0) for op in operators),
         "late_rows_dropped": sum(int(op.get("numRowsDroppedByWatermark") or 0) for op in operators),
     }
@@ -42,6 +42,13 @@ def _ts(text: str | None) -> datetime | None:
     if not text:
         return None
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc)
+
+
+def _watermark(text: str | None) -> datetime | None:
+    """The query's watermark; None until it has one (Spark reports the epoch until then, which
+    read as a value is a lag of 56 years)."""
+    at = _ts(text)
+    return None if at is None or at <= c.NO_WATERMARK else at
 
 
 class MetricsListener(StreamingQueryListener):

@@ -247,7 +247,9 @@ def build_lake(root: str, now: datetime | None = None) -> FixtureLake:
                     "input_rows_per_second": rate + b / 10,
                     "processed_rows_per_second": rate + 1,
                     "batch_duration_ms": 800 + 10 * b,
-                    "watermark": at - timedelta(minutes=2),
+                    # Spark reports the epoch until a query has a watermark (rows of an
+                    # earlier release kept it; the dashboard must not plot it as a lag).
+                    "watermark": c.NO_WATERMARK if b == 0 else at - timedelta(minutes=2),
                     "state_rows": 100 + b,
                     "late_rows_dropped": 1 if query == "features" and b % 4 == 0 else 0,
                 }

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from infra import contract as c
 from infra.settings import SparkSettings, load_settings
 from infra.spark import build_spark_session
 from models.dataset import History, simulated_history
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     detector, validation = fit_detector(train, settings)
     fit_s = time.perf_counter() - start
     scores = holdout_scores(detector, holdout)
-    report, metrics = holdout_report(holdout, scores, 0.5)
+    report, metrics = holdout_report(holdout, scores, c.MODEL_ALERT_THRESHOLD)
 
     print(f"train: {len(train.features):,} windows ({len(train.scored.features):,} scored, "
           f"{int(validation.sum()):,} of them validation), "
@@ -150,7 +151,8 @@ def misses(holdout: History, scores: Any) -> Any:
     """Held-out injections that neither rules nor model caught, with their parameters."""
     import pandas as pd
 
-    alerts = pd.concat([holdout.rule_alerts, model_alerts(holdout, scores, 0.5)])
+    model = model_alerts(holdout, scores, c.MODEL_ALERT_THRESHOLD)
+    alerts = pd.concat([holdout.rule_alerts, model])
     columns = ["device_id", "scenario", "start_time", "end_time", "details"]
     return missed(alerts, holdout.truth)[columns]
 

@@ -100,6 +100,9 @@ ALERT_TYPES = (
     "tampering", "spike", "dip", "stuck_sensor", "drift", "impossible_travel", "cloned_device",
     "replay", "flood", "rogue_device", "firmware_mismatch", "firmware_tamper", "model_anomaly",
 )  # fmt: skip
+# A model's score in [0, 1] raises model_anomaly at or above this, unless the registered model
+# carries its own "threshold" in its metadata.
+MODEL_ALERT_THRESHOLD = 0.5
 # An injected scenario counts as detected by an alert of one of these types on the same device.
 SCENARIO_ALERT_TYPES: dict[str, tuple[str, ...]] = {
     "tampering": ("tampering", "model_anomaly"),

@@ -12,7 +12,7 @@ power ratio; about 0 for a device behaving as it usually does. Fitting needs cle
 - a window's *deviation* is its largest scaled feature (missing features are skipped);
 - the threshold is chosen on a validation split of devices so that clean windows alert at most
   ``max_false_alert_rate`` (with a margin), and ``score = min(1, 0.5 * deviation / threshold)``
-  so the alert threshold stored with the model is always 0.5.
+  so the alert threshold stored with the model is always ``MODEL_ALERT_THRESHOLD`` (0.5).
 
 The inputs carry no device type and no level in a unit: a device unlike any simulated one is
 compared with itself only, and nothing learned from the simulator's scenarios can fire on it.
@@ -34,7 +34,7 @@ from pipeline.profiles import RELATIVE_FEATURES
 MODEL_SCENARIOS = tuple(
     s for s, types in c.SCENARIO_ALERT_TYPES.items() if "model_anomaly" in types
 )
-ALERT_THRESHOLD = 0.5
+ALERT_THRESHOLD = c.MODEL_ALERT_THRESHOLD
 # Safety margin above the highest clean validation window (see ``choose_threshold``): clean
 # windows of devices the fit never saw go up to about twice the training extremes (measured in
 # docs/PERFORMANCE.md), anomalies mostly far beyond.
@@ -73,7 +73,7 @@ class Detector:
         return np.asarray(np.nan_to_num(largest, nan=0.0), dtype=float)
 
     def score(self, frame: pd.DataFrame) -> np.ndarray:
-        return np.minimum(1.0, 0.5 * self.deviation(frame) / self.threshold)
+        return np.minimum(1.0, ALERT_THRESHOLD * self.deviation(frame) / self.threshold)
 
     def explain(self, frame: pd.DataFrame, top: int = 2) -> list[str]:
         """Per row, the features that deviate most, as text for an analyst."""

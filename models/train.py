@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import SparkSession
 
+from infra import contract as c
 from infra.mlflow_store import artifact_root_for, ensure_experiment
 from models import registry
 from models.dataset import ALERT_COLUMNS, History, simulated_history
@@ -157,7 +158,7 @@ def champion_score(tracking_uri: str, name: str, holdout: History) -> registry.S
                     "does not count against the candidate", uri)  # fmt: skip
         return None
     model = mlflow.pyfunc.load_model(uri)
-    threshold = float((model.metadata.metadata or {}).get("threshold", 0.5))
+    threshold = float((model.metadata.metadata or {}).get("threshold", c.MODEL_ALERT_THRESHOLD))
     schema = model.metadata.get_input_schema()
     numbers = {spec.name: "float64" for spec in schema.inputs if spec.type.name == "double"}
     try:
@@ -199,7 +200,7 @@ def train(spark: SparkSession, settings: ModelSettings, tracking_uri: str, *, wi
     detector, validation = fit_detector(history_, settings)
     frame, labels = history_.scored.features, history_.scored.labels
     scores = holdout_scores(detector, holdout)
-    report, metrics = holdout_report(holdout, scores, 0.5)
+    report, metrics = holdout_report(holdout, scores, c.MODEL_ALERT_THRESHOLD)
     score = registry.Score(metrics["holdout_model_f1"], metrics["holdout_model_pr_auc"])
     champion = champion_score(tracking_uri, settings.name, holdout)
 

@@ -133,14 +133,7 @@ def profiles(windows: pd.DataFrame, history: pd.DataFrame, spec: ProfileSpec) ->
     medians and spreads named ``h_<column>_<stat>``, NaN where there is no history.
     """
     keys = windows[["device_id", col.WINDOW_START]].reset_index(names="_row")
-    # Typed even when empty (an empty history has no dtypes to infer).
-    times = (col.WINDOW_START, col.WINDOW_END, "first_event_time", "last_event_time")
-    hist = history[list(HISTORY_COLUMNS)].astype(
-        {name: "float64" for name in HISTORY_COLUMNS if name not in ("device_id", *times)}
-    )
-    for name in times:
-        hist[name] = pd.to_datetime(hist[name])
-    hist = hist.rename(columns={col.WINDOW_START: "_h_start"})
+    hist = _typed(history).rename(columns={col.WINDOW_START: "_h_start"})
     pairs = keys.merge(hist, on="device_id", how="inner")
     start = pairs[col.WINDOW_START]
     keep = (pairs[col.WINDOW_END] <= start) & (
@@ -227,4 +220,18 @@ def learned(prof: pd.DataFrame, spec: ProfileSpec) -> pd.DataFrame:
 def history_rows(windows: pd.DataFrame, min_events: int) -> pd.DataFrame:
     """The closed windows a profile may learn from: HISTORY_COLUMNS of those with at least
     ``min_events`` events (a device's first, nearly empty window says little of its normal)."""
-    return windows.loc[windows[col.EVENT_COUNT] >= min_events, list(HISTORY_COLUMNS)]
+    return _typed(windows.loc[windows[col.EVENT_COUNT] >= min_events])
+
+
+_TIMES = (col.WINDOW_START, col.WINDOW_END, "first_event_time", "last_event_time")
+
+
+def _typed(history: pd.DataFrame) -> pd.DataFrame:
+    """HISTORY_COLUMNS with their types, also when empty or when a metric is missing throughout
+    (no dtype to infer from None)."""
+    hist = history[list(HISTORY_COLUMNS)].astype(
+        {name: "float64" for name in HISTORY_COLUMNS if name not in ("device_id", *_TIMES)}
+    )
+    for name in _TIMES:
+        hist[name] = pd.to_datetime(hist[name])
+    return hist

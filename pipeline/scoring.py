@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from infra import contract as c
 from infra.mlflow_store import sqlite_store_path
 from pipeline.alerts import alert_frame, empty_alerts
 from pipeline.profiles import Z_FEATURES
 
 log = logging.getLogger(__name__)
 
-DEFAULT_THRESHOLD = 0.5
 MODEL_ALERT = "model_anomaly"
 # What MLflow answers when the model, or its alias, does not exist (any other error is a failure).
 _NOT_REGISTERED = {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}
@@ -146,7 +146,7 @@ class ModelScorer:
                 driver_model.predict(driver_model.input_example)
             except Exception as error:  # whatever the model raises, the stream goes on
                 raise UnusableModelError(f"it fails on its own input example: {error!r}") from error
-        threshold = float((info.metadata or {}).get("threshold", DEFAULT_THRESHOLD))
+        threshold = float((info.metadata or {}).get("threshold", c.MODEL_ALERT_THRESHOLD))
         log.info("scoring with %s version %s (threshold %.3f)", self.name, version, threshold)
         return LoadedModel(self.name, version, driver_model, inputs, threshold)
 

@@ -34,7 +34,6 @@ from pipeline.profiles import RELATIVE_FEATURES
 MODEL_SCENARIOS = tuple(
     s for s, types in c.SCENARIO_ALERT_TYPES.items() if "model_anomaly" in types
 )
-ALERT_THRESHOLD = c.MODEL_ALERT_THRESHOLD
 # Safety margin above the highest clean validation window (see ``choose_threshold``): clean
 # windows of devices the fit never saw go up to about twice the training extremes (measured in
 # docs/PERFORMANCE.md), anomalies mostly far beyond.
@@ -73,7 +72,7 @@ class Detector:
         return np.asarray(np.nan_to_num(largest, nan=0.0), dtype=float)
 
     def score(self, frame: pd.DataFrame) -> np.ndarray:
-        return np.minimum(1.0, ALERT_THRESHOLD * self.deviation(frame) / self.threshold)
+        return np.minimum(1.0, c.MODEL_ALERT_THRESHOLD * self.deviation(frame) / self.threshold)
 
     def explain(self, frame: pd.DataFrame, top: int = 2) -> list[str]:
         """Per row, the features that deviate most, as text for an analyst."""

@@ -15,7 +15,8 @@ import mlflow
 import numpy as np
 import pandas as pd
 
-from models.detector import ALERT_THRESHOLD, Detector
+from infra import contract as c
+from models.detector import Detector
 
 ARTIFACT = "detector"
 
@@ -68,5 +69,5 @@ def log_detector(
         pip_requirements=_requirements(),
         signature=signature,
         input_example=example,
-        metadata={"threshold": ALERT_THRESHOLD, **metadata},
+        metadata={"threshold": c.MODEL_ALERT_THRESHOLD, **metadata},
     )

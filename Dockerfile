@@ -5,7 +5,7 @@
 FROM python:3.11-slim-bookworm
 
 # The Kafka source and Delta for spark-submit --packages: the versions pinned in infra/jars.py.
-ARG SPARK_PACKAGES=org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0,io.delta:delta-spark_2.13:4.0.0
+ARG SPARK_PACKAGES=org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0,io.delta:delta-spark_4.2_2.13:4.4.0
 
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

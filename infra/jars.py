@@ -22,8 +22,8 @@ from infra.java import check_java
 log = logging.getLogger(__name__)
 
 # The JVM-bound stack is pinned as one set; pyproject.toml pins pyspark and delta-spark to match.
-SPARK_VERSION = "4.0.0"
-DELTA_VERSION = "4.0.0"
+SPARK_VERSION = "4.2.0"
+DELTA_VERSION = "4.4.0"
 KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.24.3"  # the log4j-core that kafka_2.13 4.1.1 brings
 
@@ -61,7 +61,7 @@ SPARK_BUNDLE = JarBundle(
     name="spark",
     artifacts=(
         Artifact("org.apache.spark", "spark-sql-kafka-0-10_2.13", SPARK_VERSION),
-        Artifact("io.delta", "delta-spark_2.13", DELTA_VERSION),
+        Artifact("io.delta", f"delta-spark_{SPARK_VERSION.rsplit('.', 1)[0]}_2.13", DELTA_VERSION),
     ),
     # pyspark already ships the Hadoop client.
     excludes=(

@@ -40,6 +40,7 @@ CONTRACTS: dict[str, c.Columns] = {
     lake.TELEMETRY: c.TELEMETRY_COLUMNS,
     lake.QUARANTINE: c.QUARANTINE_COLUMNS,
     lake.FEATURES: FEATURE_KEY_COLUMNS,
+    lake.FEATURE_CHANGES: FEATURE_KEY_COLUMNS,
     lake.ALERTS: c.ALERTS_COLUMNS,
     lake.ALERT_FEEDBACK: c.ALERT_FEEDBACK_COLUMNS,
     lake.PIPELINE_METRICS: c.PIPELINE_METRICS_COLUMNS,
@@ -346,13 +347,27 @@ def read_features(
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> pl.DataFrame:
-    """One device's feature rows: the window starting at ``window_start``, or a time range."""
+    """One device's windows, the one starting at ``window_start`` or a time range: each
+    window's final row from ``features`` once closed, else its latest row from
+    ``feature_changes`` (a window still open, such as the one of a fresh rule alert)."""
     exact = ds.field("window_start") == pa.scalar(window_start, UTC_US) if window_start else None
     where = _and(
         in_filter("device_id", [device_id]), exact, time_filter("window_start", since, until)
     )
-    frame = read_table(lake_root, lake.FEATURES, where=where)
-    return frame.sort("window_start") if "window_start" in frame.columns else frame
+    closed = read_table(lake_root, lake.FEATURES, where=where)
+    changes = read_table(lake_root, lake.FEATURE_CHANGES, where=where)
+    if "batch_id" in changes.columns and changes.height:
+        still_open = (
+            changes.sort("batch_id")
+            .unique(["device_id", "window_start"], keep="last", maintain_order=True)
+            .drop("batch_id")
+        )
+        if closed.height:
+            still_open = still_open.join(closed, on=["device_id", "window_start"], how="anti")
+        closed = (
+            pl.concat([closed, still_open], how="diagonal_relaxed") if closed.height else still_open
+        )
+    return closed.sort("window_start") if "window_start" in closed.columns else closed
 
 
 def as_field_table(row: dict[str, Any]) -> pl.DataFrame:

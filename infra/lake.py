@@ -8,6 +8,8 @@ DEVICES = "devices"
 TELEMETRY = "telemetry"
 QUARANTINE = "quarantine"
 FEATURES = "features"
+# Every state of every window as the stream changed it (latest per window: the open windows).
+FEATURE_CHANGES = "feature_changes"
 ALERTS = "alerts"
 ALERT_FEEDBACK = "alert_feedback"
 PIPELINE_METRICS = "pipeline_metrics"
@@ -16,7 +18,7 @@ EVALUATION = "evaluation"
 FIRMWARE_UPDATES = "firmware_updates"
 
 TABLES = (
-    DEVICES, TELEMETRY, QUARANTINE, FEATURES, ALERTS,
+    DEVICES, TELEMETRY, QUARANTINE, FEATURES, FEATURE_CHANGES, ALERTS,
     ALERT_FEEDBACK, PIPELINE_METRICS, GROUND_TRUTH, EVALUATION, FIRMWARE_UPDATES,
 )  # fmt: skip
 

@@ -1,5 +1,5 @@
 """Alert rows, in one place: the deterministic ``alert_id``, the row every detector produces, and
-the idempotent MERGE into the ``alerts`` table.
+the idempotent writes into the ``alerts`` table.
 
 Detectors decide on the driver in pandas (``pipeline.rules``, ``pipeline.scoring``) or in Spark
 (``pipeline.firmware``); both build ``alert_id`` from the same text, so a (device, window start,
@@ -9,8 +9,12 @@ alert type) has one id whichever path raised it.
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 from datetime import datetime
 
+import numpy as np
 import pandas as pd
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -18,7 +22,9 @@ from pyspark.sql import functions as F
 
 from infra import contract as c
 from pipeline import columns as col
-from pipeline.sinks import lower_bound, retry_on_conflict
+from pipeline.sinks import idempotent_append, lower_bound, retry_on_conflict
+
+log = logging.getLogger(__name__)
 
 # What a detector produces; the model columns, detected_at and batch_id are added on writing.
 DETECTOR_COLUMNS = (
@@ -110,3 +116,94 @@ def merge_alerts(alerts: DataFrame, path: str) -> None:
         )
 
     retry_on_conflict(merge, "alerts MERGE")
+
+
+def _comparable(value: object) -> Hashable:
+    """A field's value as the table gives it back: lists as tuples, NaN and NaT as None."""
+    if isinstance(value, np.ndarray):
+        return tuple(value.tolist())
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NaT:
+        return None
+    if isinstance(value, datetime):
+        return pd.Timestamp(value)
+    return value
+
+
+def _fields(row: pd.Series) -> tuple[Hashable, ...]:
+    return tuple(_comparable(row[name]) for name in _UPDATABLE)
+
+
+@dataclass
+class WrittenAlerts:
+    """The alerts the table holds for windows that may still change: alert_id -> the fields an
+    update may change, and the window's end. A window's rule alert is decided again every time
+    the window changes; most of those decisions repeat what the table already holds, and writing
+    them again would cost a MERGE per batch for nothing."""
+
+    fields: dict[str, tuple[Hashable, ...]] = field(default_factory=dict)
+    ends: dict[str, pd.Timestamp] = field(default_factory=dict)
+
+    def split(self, alerts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """``alerts`` (DETECTOR_COLUMNS) as (new, changed); the unchanged ones are left out."""
+        if alerts.empty:
+            return alerts, alerts
+        known = [self.fields.get(key) for key in alerts["alert_id"]]
+        now = [_fields(row) for _, row in alerts.iterrows()]
+        new = np.array([k is None for k in known], dtype=bool)
+        changed = np.array([k is not None and k != n for k, n in zip(known, now, strict=True)],
+                           dtype=bool)  # fmt: skip
+        return alerts[new], alerts[changed]
+
+    def remember(self, alerts: pd.DataFrame) -> None:
+        for _, row in alerts.iterrows():
+            self.fields[row["alert_id"]] = _fields(row)
+            self.ends[row["alert_id"]] = pd.Timestamp(row[col.WINDOW_END])
+
+    def forget_until(self, closed_before: pd.Timestamp) -> None:
+        """Drop the alerts of windows that ended at or before ``closed_before`` (closed: no
+        event can change them any more)."""
+        gone = [key for key, end in self.ends.items() if end <= closed_before]
+        for key in gone:
+            del self.fields[key], self.ends[key]
+
+    @classmethod
+    def load(cls, spark: SparkSession, path: str, open_after: pd.Timestamp | None) -> WrittenAlerts:
+        """The alerts of windows ending after ``open_after``, as the table holds them."""
+        written = cls()
+        if open_after is None or not DeltaTable.isDeltaTable(spark, path):
+            return written
+        since = F.lit(open_after.strftime(_TIME_TEXT)).cast("timestamp")
+        rows = (
+            spark.read.format("delta").load(path)
+            .where(F.col(col.WINDOW_END) > since)
+            .select("alert_id", *_UPDATABLE)
+            .toPandas()
+        )  # fmt: skip
+        written.remember(rows)
+        log.info("alerts of open windows loaded: %d", len(rows))
+        return written
+
+
+def write_alerts(
+    spark: SparkSession,
+    alerts: pd.DataFrame,
+    *,
+    path: str,
+    app_id: str,
+    batch_id: int,
+    written: WrittenAlerts,
+) -> None:
+    """Write the alerts that are new (an idempotent append) or changed (MERGE); nothing else.
+
+    A batch replayed after a crash finds ``written`` loaded from the table, so what its first
+    attempt committed is neither appended nor merged again.
+    """
+    new, changed = written.split(alerts)
+    if len(new):
+        idempotent_append(to_spark(spark, new, batch_id), path, f"{app_id}-alerts", batch_id,
+                          rows=len(new))  # fmt: skip
+    if len(changed):
+        merge_alerts(to_spark(spark, changed, batch_id), path)
+    written.remember(pd.concat([new, changed]) if len(changed) else new)

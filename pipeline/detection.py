@@ -1,5 +1,5 @@
 """The features micro-batch: rules on every window that changed, the model on every window the
-watermark closed, each against the device's own normal; then the window features upserted.
+watermark closed, each against the device's own normal; then only what changed is written.
 
 When is a window scored by the model? Once, when the watermark closes it: its final state is
 then exactly what a batch aggregation of the same events gives, which is what the model was
@@ -8,9 +8,11 @@ alerts arrive within seconds and model alerts one window plus the watermark afte
 starts.
 
 The driver keeps, per device, the windows still open (their latest state) and the closed
-windows a profile reads (``pipeline.profiles``). Both are rebuilt from the ``features`` table at
-start, and a batch writes its alerts before its features: a batch replayed after a crash finds
-the state the first attempt found, and decides the same.
+windows a profile reads (``pipeline.profiles``). Nothing is rewritten per batch: the windows a
+batch changed are appended to ``feature_changes`` (a changelog: the latest row per window is its
+current state), the windows it closed are appended once to ``features`` (final rows), and only
+alerts that are new or changed are written. At start the state is rebuilt from those two tables,
+so a batch replayed after a crash finds the state its first attempt found, and decides the same.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from infra import lake
 from pipeline import columns as col
-from pipeline.alerts import empty_alerts, merge_alerts, to_spark
+from pipeline.alerts import WrittenAlerts, empty_alerts, write_alerts
 from pipeline.profiles import (
     FILL,
     HISTORY_COLUMNS,
@@ -40,11 +43,12 @@ from pipeline.profiles import (
 )
 from pipeline.rules import RuleThresholds, rule_alerts
 from pipeline.scoring import LoadedModel, ModelScorer, model_alerts
-from pipeline.sinks import upsert
+from pipeline.sinks import idempotent_append
 
 log = logging.getLogger(__name__)
 
 FEATURE_KEYS = ["device_id", col.WINDOW_START]
+BATCH_ID = "batch_id"  # feature_changes: the features batch that wrote the row
 
 
 @dataclass
@@ -136,47 +140,115 @@ def detect(
 
 
 def load_state(
-    spark: SparkSession, path: str, *, spec: ProfileSpec, watermark_s: float, min_events: int
+    spark: SparkSession, lake_root: str, *, spec: ProfileSpec, watermark_s: float, min_events: int
 ) -> WindowState:
-    """The driver's state as the last committed batch left it, from the ``features`` table."""
+    """The driver's state as the last committed batch left it: the open windows are the latest
+    state of each window in ``feature_changes``, the history is the closed windows in
+    ``features``.
+
+    A batch appends to ``feature_changes`` last, so its newest event time says which batch
+    committed last; closed windows a later, unfinished attempt appended to ``features`` are
+    left out (its replay closes them again, and its append of them is skipped by Delta).
+    """
     from delta.tables import DeltaTable
 
-    if not DeltaTable.isDeltaTable(spark, path):
+    def table(name: str) -> DataFrame | None:
+        path = lake.table_path(lake_root, name)
+        return (
+            spark.read.format("delta").load(path) if DeltaTable.isDeltaTable(spark, path) else None
+        )
+
+    changes, closed = table(lake.FEATURE_CHANGES), table(lake.FEATURES)
+    # Tables written before feature_changes existed: features held every window's latest state.
+    newest_of = changes if changes is not None else closed
+    if newest_of is None:
         return WindowState.empty()
-    table = spark.read.format("delta").load(path)
-    newest = table.agg(F.max("last_event_time").alias("t")).toPandas()["t"].iloc[0]
+    newest = newest_of.agg(F.max("last_event_time").alias("t")).toPandas()["t"].iloc[0]
     if pd.isna(newest):
         return WindowState.empty()
     top = pd.Timestamp(newest)
-    reach = pd.Timedelta(seconds=watermark_s + 3 * spec.window_s + spec.span_s)
-    since = F.lit((top - reach).strftime("%Y-%m-%d %H:%M:%S")).cast("timestamp")
-    rows = table.where(F.col(col.WINDOW_START) >= since).toPandas()
-    end = rows[col.WINDOW_END] <= top - pd.Timedelta(seconds=watermark_s)
+    done = top - pd.Timedelta(seconds=watermark_s)
+
+    def since(seconds: float) -> Column:
+        return F.lit((top - pd.Timedelta(seconds=seconds)).strftime("%Y-%m-%d %H:%M:%S")).cast(
+            "timestamp"
+        )
+
+    parts = []
+    if closed is not None:
+        reach = watermark_s + 3 * spec.window_s + spec.span_s
+        parts.append(closed.where(F.col(col.WINDOW_START) >= since(reach)).toPandas())
+    if changes is not None:
+        recent = changes.where(F.col(col.WINDOW_START) >= since(watermark_s + 2 * spec.window_s))
+        parts.append(recent.toPandas().sort_values(BATCH_ID, kind="stable").drop(columns=BATCH_ID))
+    rows = pd.concat([p for p in parts if len(p)] or parts[:1], ignore_index=True)
+    rows = rows.drop_duplicates(FEATURE_KEYS, keep="last")
+    end = rows[col.WINDOW_END] <= done
     log.info("detection state loaded: %d open windows, %d closed", (~end).sum(), end.sum())
     history = history_rows(rows[end], min_events).reset_index(drop=True)
     return WindowState(_keyed(rows[~end]), history, top)
 
 
+def window_states(spark: SparkSession, lake_root: str) -> DataFrame:
+    """Every window's current state: its final row in ``features`` once closed, else its latest
+    row in ``feature_changes`` (the windows still open)."""
+    closed, changes = (
+        _read(spark, lake_root, name) for name in (lake.FEATURES, lake.FEATURE_CHANGES)
+    )
+    if changes is None:
+        if closed is None:
+            raise FileNotFoundError(f"no features under {lake_root}: has the pipeline run?")
+        return closed
+    latest = Window.partitionBy(*FEATURE_KEYS).orderBy(F.col(BATCH_ID).desc())
+    still_open = (
+        changes.withColumn("_latest", F.row_number().over(latest) == 1)
+        .where("_latest")
+        .drop("_latest", BATCH_ID)
+    )
+    if closed is None:
+        return still_open
+    still_open = still_open.join(closed.select(*FEATURE_KEYS), FEATURE_KEYS, "left_anti")
+    return closed.unionByName(still_open, allowMissingColumns=True)
+
+
+def _read(spark: SparkSession, lake_root: str, name: str) -> DataFrame | None:
+    from delta.tables import DeltaTable
+
+    path = lake.table_path(lake_root, name)
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    return spark.read.format("delta").load(path)
+
+
 @dataclass
 class FeaturesBatchWriter:
-    """``foreachBatch`` function of the features query (update mode: the windows that changed)."""
+    """``foreachBatch`` function of the features query (update mode: the windows that changed).
+
+    Writes, in this order: the alerts that are new or changed; the windows this batch closes,
+    once, to ``features``; the windows that changed to ``feature_changes``. Each is an append
+    keyed by the batch id (alert updates are a MERGE), so a replay writes nothing twice, and
+    the last one marks the batch as done for ``load_state``.
+    """
 
     lake_root: str
     scorer: ModelScorer | None = None
     rules: RuleThresholds = field(default_factory=RuleThresholds)
     spec: ProfileSpec = field(default_factory=ProfileSpec)
     watermark_s: float = 300.0
+    app_id: str = "iotfraud"
     # Receives the rows the model scores in each batch (tests compare them with training's).
     on_scoring: Callable[[pd.DataFrame], None] | None = None
     state: WindowState | None = None
+    written: WrittenAlerts | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
-        features_path = lake.table_path(self.lake_root, lake.FEATURES)
-        if self.state is None:
-            self.state = load_state(spark, features_path, spec=self.spec,
+        path = partial(lake.table_path, self.lake_root)
+        if self.state is None or self.written is None:
+            self.state = load_state(spark, self.lake_root, spec=self.spec,
                                     watermark_s=self.watermark_s,
                                     min_events=self.rules.default.min_events)  # fmt: skip
+            self.written = WrittenAlerts.load(spark, path(lake.ALERTS), self._done(self.state))
         windows = batch.localCheckpoint(eager=True)
         changed = windows.toPandas()
         state, closing = advance(self.state, changed, spec=self.spec,
@@ -187,14 +259,25 @@ class FeaturesBatchWriter:
         scoring = rows_to_score(closing, state.history, self.spec)
         alerts = detect(changed, scoring, state.history, model=model, rules=self.rules,
                         spec=self.spec)  # fmt: skip
-        # Alerts first: a crash before the features commit replays this batch on the state
-        # it started from (see the module docstring).
-        if len(alerts):  # most batches alert on nothing: no Spark job for them
-            merge_alerts(
-                to_spark(spark, alerts, batch_id), lake.table_path(self.lake_root, lake.ALERTS)
-            )
+        write_alerts(spark, alerts, path=path(lake.ALERTS), app_id=self.app_id,
+                     batch_id=batch_id, written=self.written)  # fmt: skip
+        if len(closing):
+            final = spark.createDataFrame(closing[windows.columns], windows.schema)
+            idempotent_append(final, path(lake.FEATURES), f"{self.app_id}-features", batch_id,
+                              rows=len(closing), merge_schema=True)  # fmt: skip
         if len(changed):
-            upsert(spark, windows, features_path, FEATURE_KEYS, prune_on=col.WINDOW_START)
+            idempotent_append(windows.withColumn(BATCH_ID, F.lit(batch_id).cast("long")),
+                              path(lake.FEATURE_CHANGES), f"{self.app_id}-feature-changes",
+                              batch_id, rows=len(changed), merge_schema=True)  # fmt: skip
         self.state = state
+        done = self._done(state)
+        if done is not None:
+            self.written.forget_until(done)
         if self.on_scoring is not None:
             self.on_scoring(scoring)
+
+    def _done(self, state: WindowState) -> pd.Timestamp | None:
+        """Windows ending at or before this are closed: no event can change them any more."""
+        if state.max_event_time is None:
+            return None
+        return state.max_event_time - pd.Timedelta(seconds=self.watermark_s)

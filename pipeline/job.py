@@ -3,7 +3,8 @@
 ingest:          source -> parse -> quarantine | dedup -> telemetry     (parse on the stream,
                  foreachBatch: dedup and appends)
 features:        telemetry + duplicates (Delta streams) -> registry join -> watermark -> sliding
-                 windows -> features (MERGE) -> detection               (foreachBatch, update mode)
+                 windows -> detection -> alerts, features, feature_changes (foreachBatch, update
+                 mode; appends of what changed)
 firmware_ingest: firmware update topic -> parse -> quarantine | firmware_updates    (appends)
 firmware:        firmware changes in telemetry LEFT JOIN firmware_updates (stream-stream,
                  watermarked) -> unauthorized -> firmware_tamper alerts (foreachBatch, MERGE)
@@ -185,6 +186,7 @@ class Pipeline:
             rules=RuleThresholds.parse(s.rule_thresholds),
             spec=s.profile_spec(),
             watermark_s=seconds(s.watermark),
+            app_id=s.app_id,
             on_scoring=self.on_scoring,
         )
         return self._start(features, FEATURES, writer, output_mode="update")

@@ -1,4 +1,4 @@
-"""Delta writes that are safe to repeat: idempotent appends and MERGE upserts."""
+"""Delta writes that are safe to repeat: idempotent appends, MERGE retried on conflicts."""
 
 from __future__ import annotations
 
@@ -41,13 +41,20 @@ def ensure_tables(spark: SparkSession, lake_root: str) -> None:
 
 
 def idempotent_append(
-    df: DataFrame, path: str, app_id: str, version: int, *, rows: int | None = None
+    df: DataFrame,
+    path: str,
+    app_id: str,
+    version: int,
+    *,
+    rows: int | None = None,
+    merge_schema: bool = False,
 ) -> None:
     """Append ``df`` once: Delta skips a write whose (txnAppId, txnVersion) it has committed.
 
     An empty ``df`` writes nothing: the commit alone costs about a second, and skipping a version
     is safe (Delta compares a later write's version with the highest one committed). ``rows``,
     when the caller knows it, spares the job that would find out whether ``df`` is empty.
+    ``merge_schema`` adds columns ``df`` has that the table lacks (features added by an upgrade).
     """
     if rows == 0 or (rows is None and df.isEmpty()):
         return
@@ -56,6 +63,7 @@ def idempotent_append(
         .mode("append")
         .option("txnAppId", app_id)
         .option("txnVersion", version)
+        .option("mergeSchema", str(merge_schema).lower())
         .save(path)
     )
 
@@ -74,32 +82,6 @@ def lower_bound(df: DataFrame, column: str) -> str:
     kind = dict(df.dtypes)[column]
     literal = f"{kind.upper()} '{smallest.v}'" if kind in ("timestamp", "date") else smallest.v
     return f"t.`{column}` >= {literal}"
-
-
-def upsert(
-    spark: SparkSession, df: DataFrame, path: str, keys: list[str], prune_on: str | None = None
-) -> None:
-    """MERGE ``df`` into the table on ``keys``: update what matches, insert the rest.
-
-    Repeating the same MERGE leaves the table unchanged, so a replayed micro-batch is harmless.
-    The table is created from ``df``'s schema on first use, and columns ``df`` has that the
-    table lacks (features added by an upgrade) are added to it. ``prune_on`` names a key column
-    whose lower bound in ``df`` limits the target files read (see ``lower_bound``).
-    """
-    if not DeltaTable.isDeltaTable(spark, path):
-        df.limit(0).write.format("delta").mode("ignore").save(path)
-    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
-    if prune_on:
-        condition += " AND " + lower_bound(df, prune_on)
-    (
-        DeltaTable.forPath(spark, path)
-        .alias("t")
-        .merge(df.alias("s"), condition)
-        .withSchemaEvolution()
-        .whenMatchedUpdateAll()
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
 
 
 def side_by_side(*writes: Callable[[], None]) -> None:

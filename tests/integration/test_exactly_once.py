@@ -18,6 +18,7 @@ import pytest
 
 from infra import lake as tables
 from pipeline import job
+from pipeline.detection import window_states
 from pipeline.settings import PipelineSettings
 from tests.pipeline_helpers import device_series, encoded, produce, write_registry
 
@@ -47,7 +48,8 @@ def snapshot(spark: Any, lake_root: str) -> dict[str, Any]:
                                                       "kafka_offset").collect()),
         "quarantine": sorted((r.reason, r.kafka_partition, r.kafka_offset)
                              for r in load("quarantine").collect()),
-        "features": sorted(tuple(r) for r in load("features")
+        # Every window's current state: closed ones from features, open ones from the changelog.
+        "features": sorted(tuple(r) for r in window_states(spark, lake_root)
                            .select("device_id", "window_start", "event_count", "duplicate_count",
                                    "seq_min", "seq_max", "firmware_mismatch_count").collect()),
         "alerts": sorted((r.alert_id, r.alert_type, r.severity, str(r.reasons))

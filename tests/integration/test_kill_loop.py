@@ -26,6 +26,7 @@ import pytest
 from infra import lake as tables
 from models.dataset import scoring_rows
 from pipeline import job
+from pipeline.detection import window_states
 from pipeline.settings import PipelineSettings, seconds
 from tests.integration.test_exactly_once import delta_rows, snapshot
 
@@ -124,7 +125,7 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
 
     assert growing(actual["alerts"]) == growing(expected["alerts"])
     assert {a[1] for a in expected["alerts"]} >= {"rogue_device", "replay"}
-    features = spark.read.format("delta").load(tables.table_path(reference_lake, "features"))
+    features = window_states(spark, reference_lake)
     # The rules on each final window, against its device's profile as the stream has it then.
     _, final_alerts = scoring_rows(features.toPandas(), job_settings.profile_spec(),
                                    watermark_s=seconds(job_settings.watermark))  # fmt: skip

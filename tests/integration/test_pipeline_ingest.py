@@ -15,6 +15,7 @@ import pytest
 from infra import contract as c
 from infra import lake
 from pipeline import job
+from pipeline.detection import window_states
 from pipeline.settings import PipelineSettings
 from tests.pipeline_helpers import device_series, encoded, produce, write_registry
 
@@ -71,7 +72,7 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
         assert quarantine == {c.REASON_DUPLICATE: 3, c.REASON_INVALID_JSON: 1,
                               c.REASON_MISSING_FIELD: 1}  # fmt: skip
 
-        features = table(spark, lake, "features")
+        features = window_states(spark, lake)
         by_device = {
             r.device_id: r
             for r in features.groupBy("device_id")
@@ -98,7 +99,7 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
         for query in pipeline.queries:
             query.processAllAvailable()
         pipeline.queries[1].processAllAvailable()
-        registered_now = table(spark, lake, "features").where(
+        registered_now = window_states(spark, lake).where(
             f"device_id = 'dev-9' AND window_start >= '{later:%Y-%m-%d %H:%M:%S}'"
         )
         assert registered_now.count() > 0
@@ -129,7 +130,7 @@ def test_files_source_feeds_the_same_pipeline(spark: Any, lake: str, tmp_path: P
 
     assert table(spark, lake, "telemetry").count() == 12
     assert [r.reason for r in table(spark, lake, "quarantine").collect()] == [c.REASON_INVALID_JSON]
-    assert table(spark, lake, "features").where("device_id = 'dev-1'").count() > 0
+    assert window_states(spark, lake).where("device_id = 'dev-1'").count() > 0
 
     # Running again over the same files changes nothing.
     job.run_available_now(spark, settings)
@@ -157,7 +158,7 @@ def test_late_events_update_windows_within_the_watermark_and_are_counted_beyond(
 
     def count_in_window() -> int:
         row = (
-            table(spark, lake, "features")
+            window_states(spark, lake)
             .where(f"device_id = 'dev-1' AND window_start = '{window:%Y-%m-%d %H:%M:%S}'")
             .first()
         )

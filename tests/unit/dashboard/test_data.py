@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import polars as pl
@@ -210,6 +210,27 @@ def test_window_features_of_an_alert(fixture_lake: FixtureLake) -> None:
     fields = data.as_field_table(features.row(0, named=True))
     assert fields.schema == {"field": pl.String, "value": pl.String}
     assert "power_w_mean" in set(fields["field"])
+
+
+def test_a_window_still_open_shows_its_latest_state_until_it_is_closed(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    root, start = str(tmp_path), datetime(2026, 11, 25, 8, 0, tzinfo=timezone.utc)
+    end = start + timedelta(minutes=10)
+
+    def row(count: int, batch: int | None = None) -> dict[str, object]:
+        base = {"device_id": "d1", "window_start": start, "window_end": end, "event_count": count}
+        return base if batch is None else {**base, "batch_id": batch}
+
+    for batch, count in ((3, 5), (4, 9), (2, 1)):  # appended out of order
+        write_deltalake(lake.table_path(root, lake.FEATURE_CHANGES),
+                        pa.Table.from_pylist([row(count, batch)]), mode="append")  # fmt: skip
+    shown = data.read_features(root, "d1", window_start=start)
+    assert shown["event_count"].to_list() == [9]  # the latest change, not the last written
+    write_deltalake(lake.table_path(root, lake.FEATURES), pa.Table.from_pylist([row(12)]))
+    shown = data.read_features(root, "d1", window_start=start)
+    assert shown["event_count"].to_list() == [12]  # closed: its final row, once
 
 
 def test_field_table_shows_values_as_plain_text() -> None:

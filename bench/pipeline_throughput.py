@@ -143,7 +143,7 @@ def run_jobs(
     job.ensure_tables(spark, lake)
     pipeline.start_ingest().awaitTermination()
     ingest_s = time.perf_counter() - started
-    pipeline.start_features().awaitTermination()
+    pipeline.start_detection().awaitTermination()
     pipeline_s = time.perf_counter() - started
     started = time.perf_counter()
     windows = textbook(spark, bootstrap, topic, root / "textbook", settings)

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, list[str], str]] = {
         "firmware authorize DEVICE FIRMWARE: publish an authorized update",
     ),
     "pipeline": ("pipeline.cli", [], "the Spark Structured Streaming job"),
+    "maintain": ("pipeline.cli", ["maintain"], "compact and VACUUM the lake's tables"),
     "train": ("models.cli", ["train"], "train the detector on simulated history; register it"),
     "models": ("models.cli", ["models"], "registered models: list | promote VERSION | rollback"),
     "eval": ("models.cli", ["eval"], "score the live alerts against the ground truth"),

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from infra import contract as c
 from pipeline import columns as col
-from pipeline.sinks import idempotent_append, lower_bound, retry_on_conflict
+from pipeline.sinks import lower_bound, retry_on_conflict
 
 log = logging.getLogger(__name__)
 
@@ -186,24 +186,17 @@ class WrittenAlerts:
         return written
 
 
-def write_alerts(
-    spark: SparkSession,
-    alerts: pd.DataFrame,
-    *,
-    path: str,
-    app_id: str,
-    batch_id: int,
-    written: WrittenAlerts,
-) -> None:
-    """Write the alerts that are new (an idempotent append) or changed (MERGE); nothing else.
+def write_alerts(spark: SparkSession, alerts: pd.DataFrame, *, path: str, batch_id: int,
+                 written: WrittenAlerts) -> None:  # fmt: skip
+    """MERGE the alerts that are new or changed; nothing when there are none (most batches).
 
-    A batch replayed after a crash finds ``written`` loaded from the table, so what its first
-    attempt committed is neither appended nor merged again.
+    ``written`` only spares writes known to change nothing: the MERGE on ``alert_id`` is what
+    makes a replayed batch, or a source read again from its start, write each alert once.
     """
     new, changed = written.split(alerts)
-    if len(new):
-        idempotent_append(to_spark(spark, new, batch_id), path, f"{app_id}-alerts", batch_id,
-                          rows=len(new))  # fmt: skip
-    if len(changed):
-        merge_alerts(to_spark(spark, changed, batch_id), path)
-    written.remember(pd.concat([new, changed]) if len(changed) else new)
+    fresh = (
+        pd.concat([new, changed]) if len(new) and len(changed) else (new if len(new) else changed)
+    )
+    if len(fresh):
+        merge_alerts(to_spark(spark, fresh, batch_id), path)
+        written.remember(fresh)

@@ -1,4 +1,4 @@
-"""``iotfraud pipeline run [--available-now]``."""
+"""``iotfraud pipeline run [--available-now]`` and ``iotfraud pipeline maintain``."""
 
 from __future__ import annotations
 
@@ -27,18 +27,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--available-now", action="store_true", help="process what is there, then stop (backfill)"
     )
     run.add_argument("--source", choices=["kafka", "files"], help="override IOT_PIPELINE_SOURCE")
+    sub.add_parser(
+        "maintain",
+        help="compact the tables, trim the feature changelog, VACUUM (the running pipeline does "
+        "it every IOT_PIPELINE_MAINTENANCE_INTERVAL)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
-    overrides = {"source": args.source} if args.source else {}
-    settings = load_settings(PipelineSettings, **overrides)
+    source = getattr(args, "source", None)
+    settings = load_settings(PipelineSettings, **({"source": source} if source else {}))
     spark_settings = load_settings(SparkSettings)
     job.check_locations(settings)
-    job.check_topic(settings)
+    if args.action == "run":
+        job.check_topic(settings)
     spark = build_spark_session("iotfraud-pipeline", spark_settings)
+    if args.action == "maintain":
+        from pipeline.maintenance import maintain
+
+        reports = maintain(spark, settings)
+        for report in reports:
+            print(report.line())
+        if not reports:
+            print(f"no tables under {settings.lake_root} yet", file=sys.stderr)
+        return 1 if any(r.error for r in reports) else 0
     if args.available_now:
         job.run_available_now(spark, settings)
         print("caught up: all available input processed", file=sys.stderr)

@@ -43,7 +43,7 @@ from pipeline.profiles import (
 )
 from pipeline.rules import RuleThresholds, rule_alerts
 from pipeline.scoring import LoadedModel, ModelScorer, model_alerts
-from pipeline.sinks import idempotent_append
+from pipeline.sinks import checkpoint_id, idempotent_append
 
 log = logging.getLogger(__name__)
 
@@ -150,15 +150,8 @@ def load_state(
     committed last; closed windows a later, unfinished attempt appended to ``features`` are
     left out (its replay closes them again, and its append of them is skipped by Delta).
     """
-    from delta.tables import DeltaTable
-
-    def table(name: str) -> DataFrame | None:
-        path = lake.table_path(lake_root, name)
-        return (
-            spark.read.format("delta").load(path) if DeltaTable.isDeltaTable(spark, path) else None
-        )
-
-    changes, closed = table(lake.FEATURE_CHANGES), table(lake.FEATURES)
+    changes = _read(spark, lake_root, lake.FEATURE_CHANGES)
+    closed = _read(spark, lake_root, lake.FEATURES)
     # Tables written before feature_changes existed: features held every window's latest state.
     newest_of = changes if changes is not None else closed
     if newest_of is None:
@@ -224,10 +217,10 @@ def _read(spark: SparkSession, lake_root: str, name: str) -> DataFrame | None:
 class FeaturesBatchWriter:
     """``foreachBatch`` function of the features query (update mode: the windows that changed).
 
-    Writes, in this order: the alerts that are new or changed; the windows this batch closes,
-    once, to ``features``; the windows that changed to ``feature_changes``. Each is an append
-    keyed by the batch id (alert updates are a MERGE), so a replay writes nothing twice, and
-    the last one marks the batch as done for ``load_state``.
+    Writes, in this order: the alerts that are new or changed (MERGE); the windows this batch
+    closes, once, to ``features``; the windows that changed to ``feature_changes``. The two
+    appends are keyed by the batch id, so a replay writes nothing twice, and the last one marks
+    the batch as done for ``load_state``.
     """
 
     lake_root: str
@@ -236,6 +229,8 @@ class FeaturesBatchWriter:
     spec: ProfileSpec = field(default_factory=ProfileSpec)
     watermark_s: float = 300.0
     app_id: str = "iotfraud"
+    # The query's checkpoint: its id goes into the appends' txnAppId (see ``checkpoint_id``).
+    checkpoint: str | None = None
     # Receives the rows the model scores in each batch (tests compare them with training's).
     on_scoring: Callable[[pd.DataFrame], None] | None = None
     state: WindowState | None = None
@@ -249,6 +244,8 @@ class FeaturesBatchWriter:
                                     watermark_s=self.watermark_s,
                                     min_events=self.rules.default.min_events)  # fmt: skip
             self.written = WrittenAlerts.load(spark, path(lake.ALERTS), self._done(self.state))
+            if self.checkpoint:
+                self.app_id = f"{self.app_id}-{checkpoint_id(spark, self.checkpoint)}"
         windows = batch.localCheckpoint(eager=True)
         changed = windows.toPandas()
         state, closing = advance(self.state, changed, spec=self.spec,
@@ -259,8 +256,8 @@ class FeaturesBatchWriter:
         scoring = rows_to_score(closing, state.history, self.spec)
         alerts = detect(changed, scoring, state.history, model=model, rules=self.rules,
                         spec=self.spec)  # fmt: skip
-        write_alerts(spark, alerts, path=path(lake.ALERTS), app_id=self.app_id,
-                     batch_id=batch_id, written=self.written)  # fmt: skip
+        write_alerts(spark, alerts, path=path(lake.ALERTS), batch_id=batch_id,
+                     written=self.written)  # fmt: skip
         if len(closing):
             final = spark.createDataFrame(closing[windows.columns], windows.schema)
             idempotent_append(final, path(lake.FEATURES), f"{self.app_id}-features", batch_id,

@@ -25,16 +25,11 @@ from pipeline import columns as col
 from pipeline.dedup import Int64s, SeenEvents
 from pipeline.settings import seconds
 from pipeline.sinks import idempotent_append, side_by_side
-from pipeline.transforms import quarantined, valid_events
+from pipeline.transforms import event_key, quarantined, valid_events
 
 log = logging.getLogger(__name__)
 
 _ROW = "_row"  # a row's place in the materialised batch: unique within it, unlike coordinates
-
-
-def event_key(event_id: Column, event_time: Column) -> Column:
-    """The 64-bit hash that identifies an event: copies share event_id and event_time."""
-    return F.xxhash64(event_id, event_time)
 
 
 def coord_key(topic: Column, partition: Column, offset: Column) -> Column:

@@ -2,14 +2,21 @@
 
 ingest:          source -> parse -> quarantine | dedup -> telemetry     (parse on the stream,
                  foreachBatch: dedup and appends)
-features:        telemetry + duplicates (Delta streams) -> registry join -> watermark -> sliding
-                 windows -> detection -> alerts, features, feature_changes (foreachBatch, update
+detection:       source -> parse -> valid events, first copies (+ the ingest's duplicates, a Delta
+                 stream of quarantine) -> registry join -> watermark -> sliding windows ->
+                 rules and model -> alerts, features, feature_changes   (foreachBatch, update
                  mode; appends of what changed)
 firmware_ingest: firmware update topic -> parse -> quarantine | firmware_updates    (appends)
 firmware:        firmware changes in telemetry LEFT JOIN firmware_updates (stream-stream,
                  watermarked) -> unauthorized -> firmware_tamper alerts (foreachBatch, MERGE)
 
 The firmware queries run with the Kafka source when IOT_FIRMWARE_TOPIC is set.
+
+Ingest and detection read the topic each for itself. Detection so never waits for bronze to be
+committed and read back (the path every alert but replay takes is one pass from Kafka); the
+price is a second read and parse of each message, about a tenth of what a window costs. Both
+make the same per-record checks (``parse_events``) and call copies the same (see
+``pipeline.transforms.first_copies``); a window counts the ingest's duplicates.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,12 +52,12 @@ from pipeline.scoring import ModelScorer
 from pipeline.settings import PipelineSettings, seconds
 from pipeline.sinks import ensure_tables
 from pipeline.sources import kafka_source, raw_source
-from pipeline.transforms import parse_events
+from pipeline.transforms import first_copies, parse_events, valid_events
 
 log = logging.getLogger(__name__)
 
 INGEST = "ingest"
-FEATURES = "features"
+DETECTION = "detection"
 FIRMWARE_INGEST = "firmware_ingest"
 FIRMWARE = "firmware"
 
@@ -153,32 +161,34 @@ class Pipeline:
         path = lake.table_path(self.settings.lake_root, name)
         return self.spark.readStream.format("delta").load(path)
 
+    def _parsed(self) -> DataFrame:
+        s = self.settings
+        return parse_events(raw_source(self.spark, s), max_clock_ahead=s.max_clock_ahead)
+
     def _feature_input(self) -> DataFrame:
-        """Bronze events plus duplicate copies (``is_duplicate`` = 1), both read as Delta streams.
+        """Events from the source, each once, plus the copies the ingest quarantined as
+        duplicates (``is_duplicate`` = 1, a Delta stream).
 
         A duplicate counts in the windows of its event time, like every event: replays older
         than the watermark are late here, and stay visible in ``quarantine`` (reason
-        ``duplicate``).
+        ``duplicate``). Only the source's events carry the watermark: the duplicates, quiet for
+        hours on a clean fleet, must not hold it back.
         """
+        events = first_copies(valid_events(self._parsed()), self.settings.watermark)
         duplicates = self._stream(lake.QUARANTINE).where(F.col("reason") == c.REASON_DUPLICATE)
-        return feature_events(self._stream(lake.TELEMETRY), duplicates=False).unionByName(
+        return feature_events(events, duplicates=False).unionByName(
             feature_events(duplicates, duplicates=True)
         )
 
     def start_ingest(self) -> StreamingQuery:
         s = self.settings
-        parsed = parse_events(raw_source(self.spark, s), max_clock_ahead=s.max_clock_ahead)
         writer = IngestBatchWriter(s.lake_root, s.app_id, s.dedup_horizon)
-        return self._start(parsed, INGEST, writer)
+        return self._start(self._parsed(), INGEST, writer)
 
-    def start_features(self) -> StreamingQuery:
+    def start_detection(self) -> StreamingQuery:
         s = self.settings
         features = features_from_events(
-            self._feature_input(),
-            self._table(lake.DEVICES),
-            window=s.window,
-            slide=s.slide,
-            watermark=s.watermark,
+            self._feature_input(), self._table(lake.DEVICES), window=s.window, slide=s.slide
         )
         writer = FeaturesBatchWriter(
             s.lake_root,
@@ -187,9 +197,10 @@ class Pipeline:
             spec=s.profile_spec(),
             watermark_s=seconds(s.watermark),
             app_id=s.app_id,
+            checkpoint=self.checkpoint(DETECTION),
             on_scoring=self.on_scoring,
         )
-        return self._start(features, FEATURES, writer, output_mode="update")
+        return self._start(features, DETECTION, writer, output_mode="update")
 
     @property
     def checks_firmware(self) -> bool:
@@ -245,7 +256,7 @@ def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
     if pipeline.checks_firmware:
         pipeline.start_firmware_ingest()
     pipeline.start_ingest()
-    pipeline.start_features()
+    pipeline.start_detection()
     if pipeline.checks_firmware:
         pipeline.start_firmware()
     return pipeline
@@ -263,7 +274,7 @@ def run_available_now(
         if pipeline.checks_firmware:
             pipeline.start_firmware_ingest().awaitTermination()
         pipeline.start_ingest().awaitTermination()
-        pipeline.start_features().awaitTermination()
+        pipeline.start_detection().awaitTermination()
         if pipeline.checks_firmware:
             pipeline.start_firmware().awaitTermination()
     finally:
@@ -273,8 +284,10 @@ def run_available_now(
 
 
 def run_until_stopped(pipeline: Pipeline, stop: threading.Event, on_status: object = None) -> None:
-    """Block until ``stop`` is set or a query fails; flush metrics and report status meanwhile."""
+    """Block until ``stop`` is set or a query fails; flush metrics and report status meanwhile,
+    and maintain the tables every ``maintenance_interval`` (on a thread of its own)."""
     interval = pipeline.settings.status_interval_s
+    maintenance = Maintenance(pipeline.spark, pipeline.settings)
     try:
         while not stop.wait(interval):
             pipeline.flush_metrics()
@@ -283,6 +296,36 @@ def run_until_stopped(pipeline: Pipeline, stop: threading.Event, on_status: obje
             failed = pipeline.failures()
             if failed:
                 raise RuntimeError("a streaming query failed: " + "; ".join(failed))
+            maintenance.start_when_due()
     finally:
         pipeline.stop()
         pipeline.spark.streams.removeListener(pipeline.listener)
+
+
+@dataclass
+class Maintenance:
+    """Runs ``pipeline.maintenance.maintain`` every ``maintenance_interval``, one run at a time,
+    beside the streaming queries (its commits change no data; see that module)."""
+
+    spark: SparkSession
+    settings: PipelineSettings
+    clock: Callable[[], float] = time.monotonic
+    thread: threading.Thread | None = None
+    last: float | None = None
+
+    def start_when_due(self) -> None:
+        every = seconds(self.settings.maintenance_interval)
+        now = self.clock()
+        if self.last is None:
+            self.last = now  # the first run one interval after start: start-up is busy enough
+        if every <= 0 or now - self.last < every or (self.thread and self.thread.is_alive()):
+            return
+        from pyspark import InheritableThread
+
+        from pipeline.maintenance import maintain
+
+        self.last = now
+        self.thread = InheritableThread(
+            target=maintain, args=(self.spark, self.settings), name="maintenance", daemon=True
+        )
+        self.thread.start()

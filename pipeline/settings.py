@@ -30,7 +30,11 @@ class PipelineSettings(CommonSettings):
         default="earliest", description="Kafka startingOffsets for a new checkpoint"
     )
     max_offsets_per_trigger: int = Field(
-        default=0, ge=0, description="Kafka maxOffsetsPerTrigger; 0 means no limit"
+        default=20_000,
+        ge=0,
+        description="Kafka maxOffsetsPerTrigger: most messages one micro-batch takes, so a "
+        "backlog (a restart, a burst) is worked off in batches of seconds instead of one batch "
+        "of minutes during which no alert is written; 0 means no limit",
     )
     max_files_per_trigger: int = Field(
         default=100, ge=1, description="maxFilesPerTrigger for the files source"
@@ -97,6 +101,16 @@ class PipelineSettings(CommonSettings):
         description="Cold start: closed windows of a device's own history before the model "
         "scores it (rules run from its first event)",
     )
+    maintenance_interval: str = Field(
+        default="1 hour",
+        description="How often the running pipeline compacts its tables, trims the feature "
+        "changelog and VACUUMs (iotfraud maintain does it on demand); 0 seconds switches it off",
+    )
+    vacuum_retention: str = Field(
+        default="168 hours",
+        description="VACUUM deletes replaced files older than this: readers and time travel "
+        "within it keep working (Delta's default, 7 days)",
+    )
     rule_thresholds: str = Field(
         default="",
         description='Rule thresholds per device type as JSON, e.g. {"*": {"flood_factor": 4}, '
@@ -121,6 +135,8 @@ class PipelineSettings(CommonSettings):
         "firmware_grace",
         "max_clock_ahead",
         "profile_span",
+        "maintenance_interval",
+        "vacuum_retention",
     )
     @classmethod
     def _duration(cls, value: str) -> str:
@@ -150,6 +166,12 @@ class PipelineSettings(CommonSettings):
     def _window_is_multiple_of_slide(self) -> PipelineSettings:
         if seconds(self.window) % seconds(self.slide) != 0:
             raise ValueError(f"window {self.window!r} must be a multiple of slide {self.slide!r}")
+        if seconds(self.dedup_horizon) < seconds(self.watermark) + seconds(self.max_clock_ahead):
+            raise ValueError(
+                f"dedup_horizon {self.dedup_horizon!r} must be at least the watermark "
+                f"{self.watermark!r} plus max_clock_ahead {self.max_clock_ahead!r}: detection "
+                "drops copies within the watermark, and bronze must call the same rows copies"
+            )
         if seconds(self.max_clock_ahead) > seconds(self.watermark):
             raise ValueError(
                 f"max_clock_ahead {self.max_clock_ahead!r} must not exceed the watermark "

@@ -68,6 +68,20 @@ def idempotent_append(
     )
 
 
+def checkpoint_id(spark: SparkSession, checkpoint: str) -> str:
+    """The id a streaming query keeps in its checkpoint (``metadata``), on any file system.
+
+    Appends keyed by batch id name their ``txnAppId`` after it: a new checkpoint numbers its
+    batches from 0 again, and under the old name Delta would skip them as already committed.
+    """
+    import json
+
+    line = spark.read.text(f"{checkpoint.rstrip('/')}/metadata").first()
+    if line is None:
+        raise RuntimeError(f"no query id in {checkpoint}/metadata")
+    return str(json.loads(line[0])["id"])
+
+
 def lower_bound(df: DataFrame, column: str) -> str:
     """A MERGE condition ``t.column >= <smallest value of column in df>`` (``TRUE`` when empty).
 

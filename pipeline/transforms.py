@@ -1,4 +1,5 @@
-"""Pure DataFrame transforms of the ingest stage: parse, split valid from quarantined, dedup.
+"""Pure DataFrame transforms of the ingest stage: parse, split valid from quarantined, and what
+makes two rows copies of one event.
 
 Every function takes and returns a DataFrame, reads no environment and does no I/O, so each runs
 the same on a stream, in ``foreachBatch`` and on static test data.
@@ -203,3 +204,26 @@ def copy_rank(coordinates: Sequence[str], *among: Column) -> Column:
     values of ``among``), in order of its source ``coordinates``: 1 is the original."""
     order = Window.partitionBy("event_id", "event_time", *among).orderBy(*coordinates)
     return F.row_number().over(order)
+
+
+def event_key(event_id: Column, event_time: Column) -> Column:
+    """The 64-bit hash that identifies an event: copies share event_id and event_time."""
+    return F.xxhash64(event_id, event_time)
+
+
+def first_copies(events: DataFrame, watermark: str) -> DataFrame:
+    """A stream of valid events with the copies of an event dropped while its event time is
+    within the watermark (later ones are late for every window anyway).
+
+    The ingest makes the same call for bronze (``pipeline.dedup``: its horizon is at least the
+    watermark plus the allowed clock lead, see ``PipelineSettings``); the copies it sends to
+    quarantine reach the features from there, as duplicates. Stateful (one key per event within
+    the watermark); adds the watermark on ``event_time``.
+    """
+    key = "_event_key"
+    return (
+        events.withWatermark("event_time", watermark)
+        .withColumn(key, event_key(F.col("event_id"), F.col("event_time")))
+        .dropDuplicatesWithinWatermark([key])
+        .drop(key)
+    )

@@ -234,7 +234,7 @@ def build_lake(root: str, now: datetime | None = None) -> FixtureLake:
     )
 
     metrics: list[dict[str, Any]] = []
-    for query, rate in (("ingest", 3.0), ("features", 2.5)):
+    for query, rate in (("ingest", 3.0), ("detection", 2.5)):
         for b in range(12):
             at = start + timedelta(minutes=5 * b)
             metrics.append(
@@ -251,7 +251,7 @@ def build_lake(root: str, now: datetime | None = None) -> FixtureLake:
                     # earlier release kept it; the dashboard must not plot it as a lag).
                     "watermark": c.NO_WATERMARK if b == 0 else at - timedelta(minutes=2),
                     "state_rows": 100 + b,
-                    "late_rows_dropped": 1 if query == "features" and b % 4 == 0 else 0,
+                    "late_rows_dropped": 1 if query == "detection" and b % 4 == 0 else 0,
                 }
             )
     _write(root, lake.PIPELINE_METRICS, c.PIPELINE_METRICS_COLUMNS, metrics)

@@ -25,7 +25,8 @@ from tests.pipeline_helpers import device_series, encoded, produce, write_regist
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WINDOWING = {"IOT_PIPELINE_WINDOW": "10 minutes", "IOT_PIPELINE_SLIDE": "5 minutes",
-             "IOT_PIPELINE_WATERMARK": "2 hours"}  # fmt: skip
+             "IOT_PIPELINE_WATERMARK": "2 hours",
+             "IOT_PIPELINE_DEDUP_HORIZON": "3 hours"}  # fmt: skip
 
 
 def delta_rows(lake_root: str, table: str) -> int:

@@ -36,7 +36,8 @@ KILLS = 5
 # The verdict of these rules can only turn from no to yes as a window receives more events.
 GROWING_RULES = {"rogue_device", "replay", "firmware_mismatch", "flood"}
 WINDOWING = {"IOT_PIPELINE_WINDOW": "10 minutes", "IOT_PIPELINE_SLIDE": "5 minutes",
-             "IOT_PIPELINE_WATERMARK": "2 hours"}  # fmt: skip
+             "IOT_PIPELINE_WATERMARK": "2 hours",
+             "IOT_PIPELINE_DEDUP_HORIZON": "3 hours"}  # fmt: skip
 
 
 def test_five_sigkills_while_the_simulator_streams_change_nothing(

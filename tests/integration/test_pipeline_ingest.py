@@ -30,6 +30,7 @@ def settings_for(lake_root: str, tmp_path: Path, **overrides: Any) -> PipelineSe
         window="10 minutes",
         slide="5 minutes",
         watermark="10 minutes",
+        dedup_horizon="15 minutes",
         firmware_topic="",
         # An empty store (rules only), not the checkout's local one with whatever model is there.
         mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
@@ -63,7 +64,7 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
     try:
         for query in pipeline.queries:
             query.processAllAvailable()
-        pipeline.queries[1].processAllAvailable()  # features sees the last ingest commit
+        pipeline.queries[1].processAllAvailable()  # detection sees the ingest's last duplicates
 
         telemetry = table(spark, lake, "telemetry")
         assert telemetry.count() == 35
@@ -109,7 +110,7 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
 
     metrics = table(spark, lake, "pipeline_metrics")
     assert {r.query_name for r in metrics.select("query_name").distinct().collect()} == {
-        "ingest", "features"
+        "ingest", "detection"
     }  # fmt: skip
     assert metrics.where("query_name = 'ingest'").agg({"num_input_rows": "sum"}).first()[0] == 44
 
@@ -178,7 +179,7 @@ def test_late_events_update_windows_within_the_watermark_and_are_counted_beyond(
         assert count_in_window() == 20
         assert table(spark, lake, "telemetry").count() == 61  # bronze keeps every valid event
         pipeline.flush_metrics()
-        late = table(spark, lake, "pipeline_metrics").where("query_name = 'features'")
+        late = table(spark, lake, "pipeline_metrics").where("query_name = 'detection'")
         assert late.agg({"late_rows_dropped": "sum"}).first()[0] >= 1
     finally:
         pipeline.stop()

@@ -228,7 +228,7 @@ def run(
             memory.append((time.time(), tree_memory.sample_mb()))
             time.sleep(5)
         drained_s = time.monotonic() - started
-        time.sleep(30)  # the features query finishes its last batches
+        time.sleep(30)  # the detection query finishes its last batches
     finally:
         pipeline.send_signal(signal.SIGTERM)
         try:

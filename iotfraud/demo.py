@@ -104,7 +104,7 @@ def progress_line(lake_root: str) -> str:
 
 def drain(lake_root: str, quiet_s: float = 45.0, timeout_s: float = 300.0) -> None:
     """Let the pipeline finish what the simulator sent: wait until the tables stop changing for
-    ``quiet_s`` seconds, longer than a busy micro-batch of the features query (at most
+    ``quiet_s`` seconds, longer than a busy micro-batch of the detection query (at most
     ``timeout_s``)."""
     print(f"finishing what the simulator sent (until the tables are quiet for {quiet_s:.0f} s)",
           flush=True)  # fmt: skip

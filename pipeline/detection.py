@@ -1,4 +1,4 @@
-"""The features micro-batch: rules on every window that changed, the model on every window the
+"""The detection micro-batch: rules on every window that changed, the model on every window the
 watermark closed, each against the device's own normal; then only what changed is written.
 
 When is a window scored by the model? Once, when the watermark closes it: its final state is
@@ -48,7 +48,7 @@ from pipeline.sinks import checkpoint_id, idempotent_append
 log = logging.getLogger(__name__)
 
 FEATURE_KEYS = ["device_id", col.WINDOW_START]
-BATCH_ID = "batch_id"  # feature_changes: the features batch that wrote the row
+BATCH_ID = "batch_id"  # feature_changes: the detection batch that wrote the row
 
 
 @dataclass
@@ -215,7 +215,7 @@ def _read(spark: SparkSession, lake_root: str, name: str) -> DataFrame | None:
 
 @dataclass
 class FeaturesBatchWriter:
-    """``foreachBatch`` function of the features query (update mode: the windows that changed).
+    """``foreachBatch`` function of the detection query (update mode: the windows that changed).
 
     Writes, in this order: the alerts that are new or changed (MERGE); the windows this batch
     closes, once, to ``features``; the windows that changed to ``feature_changes``. The two

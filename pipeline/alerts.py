@@ -95,15 +95,23 @@ def to_spark(spark: SparkSession, alerts: pd.DataFrame, batch_id: int) -> DataFr
     ).select(*c.column_names(c.ALERTS_COLUMNS))
 
 
-def merge_alerts(alerts: DataFrame, path: str) -> None:
-    """MERGE on alert_id: new alerts inserted, changed ones updated; a replay changes nothing."""
-    # Computed once: the bound below and a MERGE retried after a conflict reuse the rows.
-    alerts = alerts.localCheckpoint(eager=True)
-    if alerts.isEmpty():  # a MERGE of nothing would change nothing, after seconds of work
-        return
+def merge_alerts(alerts: DataFrame, path: str, *, earliest: datetime | None = None) -> None:
+    """MERGE on alert_id: new alerts inserted, changed ones updated; a replay changes nothing.
+
+    ``earliest``, the smallest window start among ``alerts`` when the caller knows it (and
+    knows there are alerts), spares the jobs that would find out.
+    """
+    if earliest is None:
+        # Computed once: the bound below and a MERGE retried after a conflict reuse the rows.
+        alerts = alerts.localCheckpoint(eager=True)
+        if alerts.isEmpty():  # a MERGE of nothing would change nothing, after seconds of work
+            return
+        bound = lower_bound(alerts, col.WINDOW_START)
+    else:
+        bound = f"t.`{col.WINDOW_START}` >= TIMESTAMP '{earliest.strftime(_TIME_TEXT)}'"
     changed = " OR ".join(f"NOT (t.`{f}` <=> s.`{f}`)" for f in _UPDATABLE)
     # alert_id is made from the window start, so a match has the same window_start.
-    condition = "t.alert_id = s.alert_id AND " + lower_bound(alerts, col.WINDOW_START)
+    condition = "t.alert_id = s.alert_id AND " + bound
 
     def merge() -> None:
         (
@@ -198,5 +206,6 @@ def write_alerts(spark: SparkSession, alerts: pd.DataFrame, *, path: str, batch_
         pd.concat([new, changed]) if len(new) and len(changed) else (new if len(new) else changed)
     )
     if len(fresh):
-        merge_alerts(to_spark(spark, fresh, batch_id), path)
+        earliest = pd.Timestamp(fresh[col.WINDOW_START].min()).to_pydatetime()
+        merge_alerts(to_spark(spark, fresh, batch_id), path, earliest=earliest)
         written.remember(fresh)

@@ -1,0 +1,21 @@
+"""Pipeline settings refused at start, with what to fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.errors import ConfigError
+from infra.settings import load_settings
+from pipeline.settings import PipelineSettings
+
+
+def test_a_dedup_horizon_shorter_than_the_watermark_is_refused() -> None:
+    # Detection drops copies within the watermark; bronze must call the same rows copies.
+    with pytest.raises(ConfigError, match="dedup_horizon '10 minutes' must be at least"):
+        load_settings(PipelineSettings, watermark="10 minutes", dedup_horizon="10 minutes")
+    settings = load_settings(PipelineSettings, watermark="10 minutes", dedup_horizon="11 minutes")
+    assert settings.dedup_horizon == "11 minutes"
+
+
+def test_live_batches_are_bounded_by_default() -> None:
+    assert PipelineSettings().max_offsets_per_trigger == 20_000

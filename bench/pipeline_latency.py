@@ -21,7 +21,12 @@ prints a JSON object:
 - a timeline in ``--bucket``-second steps (for long runs: is anything growing?): memory (median
   and max of the samples), state rows of each stateful query, and the ingest latency p95 of the
   rows written in that step;
-- whether the pipeline kept up: rows in the lake at the end of sending vs messages sent.
+- whether the pipeline kept up: rows in the lake at the end of sending vs messages sent;
+- with ``--health-every S``, every S seconds: per table the data files a reader opens (the
+  current snapshot) and the Parquet files on disk, and the time the dashboard's overview page
+  takes to read the lake (its reads, last hour); set ``IOT_PIPELINE_MAINTENANCE_INTERVAL`` and
+  ``IOT_PIPELINE_VACUUM_RETENTION`` in the environment to see maintenance at work in a short
+  run (``0 seconds`` switches it off, to compare).
 
 A device reports every 10-30 s by default (about 20 s on average; ``IOT_SIM_INTERVAL_MIN_S`` and
 ``IOT_SIM_INTERVAL_MAX_S`` in the environment change it), so ``--devices`` of about 20 x
@@ -178,9 +183,42 @@ def check_running(
     )
 
 
+HEALTH_TABLES = ("telemetry", "quarantine", "feature_changes", "features", "alerts",
+                 "pipeline_metrics")  # fmt: skip
+
+
+def table_health(lake: str) -> dict[str, Any]:
+    """Files per table (in the snapshot / on disk) and the dashboard overview's read time."""
+    from datetime import timedelta
+
+    from deltalake import DeltaTable
+
+    from dashboard import data
+
+    files: dict[str, list[int]] = {}
+    for name in HEALTH_TABLES:
+        path = Path(lake) / name
+        try:
+            active = len(DeltaTable(str(path)).file_uris())
+        except Exception:  # not created yet
+            continue
+        files[name] = [active, sum(1 for _ in path.rglob("*.parquet"))]
+    started = time.perf_counter()
+    until = data.utcnow()
+    since = until - timedelta(hours=1)
+    data.open_alerts(data.read_alerts(lake, since=since, until=until), data.read_feedback(lake))
+    data.read_pipeline_metrics(lake, since, until)
+    data.count_rows(lake, "quarantine", data.time_filter("ingest_time", since, until))
+    data.devices_reporting(lake, since, until)
+    return {
+        "files_snapshot_disk": files,
+        "overview_read_s": round(time.perf_counter() - started, 2),
+    }
+
+
 def run(
     root: Path, bootstrap: str, args: argparse.Namespace
-) -> tuple[int, int, float, float, list[tuple[float, float]]]:
+) -> tuple[int, int, float, float, list[tuple[float, float]], list[dict[str, Any]]]:
     """Registry, pipeline and simulator against ``bootstrap``; what the measurement needs."""
     lake = str(root / "lake")
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "IOT_LAKE_ROOT": lake,
@@ -199,6 +237,7 @@ def run(
     pipeline = subprocess.Popen([sys.executable, "-m", "pipeline", "run"], env=env,
                                 stdout=log, stderr=log, start_new_session=True)  # fmt: skip
     memory: list[tuple[float, float]] = []  # (unix time, MB)
+    health: list[dict[str, Any]] = []
     tree_memory = TreeMemory(pipeline.pid)
     try:
         while lake_rows(lake) < 1:  # the single warm-up message is through: it runs
@@ -211,9 +250,15 @@ def run(
              "--duration", str(args.seconds), "--no-progress"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )  # fmt: skip
+        next_health = time.monotonic() + (args.health_every or 0)
         while simulator.poll() is None:
             check_running(pipeline, root / "pipeline.log", simulator)
             memory.append((time.time(), tree_memory.sample_mb()))
+            if args.health_every and time.monotonic() >= next_health:
+                health.append({"minute": round((time.monotonic() - started) / 60, 1),
+                               **table_health(lake)})  # fmt: skip
+                print(json.dumps(health[-1]), file=sys.stderr, flush=True)
+                next_health += args.health_every
             time.sleep(5)
         out, _ = simulator.communicate()
         final = out.decode().strip().splitlines()[-1]
@@ -236,7 +281,7 @@ def run(
         except subprocess.TimeoutExpired:
             os.killpg(pipeline.pid, signal.SIGKILL)
         log.close()
-    return sent, in_lake_at_end, send_s, drained_s, memory
+    return sent, in_lake_at_end, send_s, drained_s, memory, health
 
 
 def main() -> int:
@@ -246,12 +291,14 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=2000)
     parser.add_argument("--drain", type=float, default=600)
     parser.add_argument("--bucket", type=float, default=300, help="timeline step, seconds")
+    parser.add_argument("--health-every", type=float, default=0,
+                        help="seconds between table-health samples (0: none)")  # fmt: skip
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="latbench-") as tmp:
         root = Path(tmp)
         with bench_broker(root / "kafka") as bootstrap:
-            sent, in_lake_at_end, send_s, drained_s, memory = run(root, bootstrap, args)
+            sent, in_lake_at_end, send_s, drained_s, memory, health = run(root, bootstrap, args)
         lake = str(root / "lake")
 
         telemetry = pd.DataFrame(table_rows(lake, "telemetry", ["ingest_time", "kafka_timestamp"]))
@@ -275,6 +322,7 @@ def main() -> int:
                                 "max": round(max(mb for _, mb in memory)),
                                 "last": round(memory[-1][1])} if memory else None,
             "timeline": steps,
+            "table_health": health,
         }  # fmt: skip
     print(json.dumps(result, indent=2))
     return 0

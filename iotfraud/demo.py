@@ -8,6 +8,7 @@ cleanly on Ctrl-C (or after ``--duration`` seconds, ending with a summary).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -156,25 +158,77 @@ def detection_summary(lake_root: str) -> str:
         return f"  (no evaluation: {exc})"
 
 
-def alert_latency(lake_root: str) -> tuple[float, float] | None:
-    """p50 and p95 seconds from a device's latest message reaching Kafka to the alert on it
-    being committed: per alert, the newest telemetry row of its device ingested before the
-    alert's ``detected_at`` gives the Kafka append time."""
+def batch_end_offsets(checkpoint: Path) -> Any:
+    """The Kafka offsets each committed micro-batch of a query ended at, from its checkpoint:
+    columns batch_id, kafka_topic, kafka_partition, end."""
     import pandas as pd
 
-    alerts = pd.DataFrame(table_rows(lake_root, lake.ALERTS, ["device_id", "detected_at"]))
-    telemetry = pd.DataFrame(
-        table_rows(lake_root, lake.TELEMETRY, ["device_id", "ingest_time", "kafka_timestamp"])
-    )
+    rows = []
+    folder = checkpoint / "offsets"
+    for file in folder.iterdir() if folder.is_dir() else []:
+        if not file.name.isdigit():
+            continue
+        for line in file.read_text().splitlines()[2:]:  # after the version and the metadata
+            try:
+                source = json.loads(line)
+            except ValueError:
+                continue
+            # A Kafka source's offsets are {topic: {partition: offset}}; a Delta source's not.
+            if (
+                isinstance(source, dict)
+                and source
+                and all(isinstance(parts, dict) for parts in source.values())
+            ):
+                for topic, parts in source.items():
+                    rows += [(int(file.name), topic, int(p), int(end)) for p, end in parts.items()]
+    return pd.DataFrame(rows, columns=["batch_id", "kafka_topic", "kafka_partition", "end"])
+
+
+def alert_latency(lake_root: str, checkpoint_root: str | None = None) -> tuple[float, float] | None:
+    """p50 and p95 seconds from a device's message reaching Kafka to the alert on it being
+    committed.
+
+    With the pipeline's ``checkpoint_root``: the message is the device's newest one in the
+    Kafka offsets of the detection micro-batch that raised the alert (its ``batch_id``), read
+    from the query's checkpoint; alerts raised by no message of that batch (replays, counted
+    from the ingest's duplicates; firmware tamper, from another query) are left out. Without
+    it: the device's newest message that ``telemetry`` holds from before the alert.
+    """
+    import pandas as pd
+
+    columns = ["device_id", "detected_at", "batch_id", "alert_type"]
+    alerts = pd.DataFrame(table_rows(lake_root, lake.ALERTS, columns))
+    coords = ["kafka_topic", "kafka_partition", "kafka_offset"]
+    telemetry = pd.DataFrame(table_rows(
+        lake_root, lake.TELEMETRY, ["device_id", "ingest_time", "kafka_timestamp", *coords]
+    ))  # fmt: skip
     if alerts.empty or telemetry.empty:
         return None
     alerts["detected_at"] = pd.to_datetime(alerts["detected_at"], utc=True)
     telemetry["ingest_time"] = pd.to_datetime(telemetry["ingest_time"], utc=True)
     telemetry["kafka_timestamp"] = pd.to_datetime(telemetry["kafka_timestamp"], utc=True)
-    matched = pd.merge_asof(
-        alerts.sort_values("detected_at"), telemetry.sort_values("ingest_time"),
-        left_on="detected_at", right_on="ingest_time", by="device_id", direction="backward",
-    ).dropna(subset=["kafka_timestamp"])  # fmt: skip
+    ends = batch_end_offsets(Path(checkpoint_root) / "detection") if checkpoint_root else None
+    if ends is not None and not ends.empty:
+        ends = ends.sort_values("batch_id")
+        ends["start"] = ends.groupby(["kafka_topic", "kafka_partition"])["end"].shift(1)
+        ends["start"] = ends["start"].fillna(0).astype("int64")
+        messages = pd.merge_asof(
+            telemetry.sort_values("kafka_offset"), ends.sort_values("start"),
+            left_on="kafka_offset", right_on="start", by=["kafka_topic", "kafka_partition"],
+            direction="backward",
+        )  # fmt: skip
+        messages = messages[messages["kafka_offset"] < messages["end"]]
+        newest = messages.groupby(["device_id", "batch_id"], as_index=False)[
+            "kafka_timestamp"
+        ].max()
+        matched = alerts[alerts["alert_type"] != "firmware_tamper"].merge(
+            newest, on=["device_id", "batch_id"]
+        )
+    else:
+        matched = pd.merge_asof(
+            alerts.sort_values("detected_at"), telemetry.sort_values("ingest_time"),
+            left_on="detected_at", right_on="ingest_time", by="device_id", direction="backward",
+        ).dropna(subset=["kafka_timestamp"])  # fmt: skip
     if matched.empty:
         return None
     seconds = (matched["detected_at"] - matched["kafka_timestamp"]).dt.total_seconds()
@@ -197,10 +251,10 @@ def messages_in_topic(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def summary(lake_root: str, produced: int | None = None) -> str:
+def summary(lake_root: str, produced: int | None = None, checkpoint_root: str | None = None) -> str:
     """What the demo ends with: messages produced, row counts, alerts by type, quality per
     scenario, latency."""
-    latency = alert_latency(lake_root)
+    latency = alert_latency(lake_root, checkpoint_root)
     latency_line = (
         "alert latency (Kafka -> alert committed): n/a (no alerts)"
         if latency is None
@@ -326,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         drain(common.lake_root)
     finally:
         children.stop()
-    print("\n" + summary(common.lake_root, messages_in_topic(status.bootstrap_servers,
-                                                           common.topic)))  # fmt: skip
+    from pipeline.settings import PipelineSettings
+
+    checkpoints = load_settings(PipelineSettings).checkpoint_root
+    produced = messages_in_topic(status.bootstrap_servers, common.topic)
+    print("\n" + summary(common.lake_root, produced, checkpoints))
     return 0

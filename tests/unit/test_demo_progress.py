@@ -9,7 +9,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from infra import lake
-from iotfraud.demo import progress_line, row_count
+from iotfraud.demo import alert_latency, progress_line, row_count
 
 
 def test_progress_counts_rows_of_every_commit_and_alerts_by_type(tmp_path: Path) -> None:
@@ -28,3 +28,31 @@ def test_progress_counts_rows_of_every_commit_and_alerts_by_type(tmp_path: Path)
     assert progress_line(root) == (
         "telemetry 2,500 | quarantine 7 | alerts 4 (flood 3, rogue_device 1)"
     )
+
+
+def test_alert_latency_counts_from_the_message_in_the_batch_that_raised_the_alert(
+    tmp_path: Path,
+) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    root, t0 = str(tmp_path / "lake"), datetime(2026, 11, 26, 2, 0, tzinfo=timezone.utc)
+    offsets = tmp_path / "cp" / "detection" / "offsets"
+    offsets.mkdir(parents=True)
+    # Batch 0 read offsets 0-9 of partition 0, batch 1 offsets 10-19; a Delta source beside.
+    for batch, end in ((0, 10), (1, 20)):
+        (offsets / str(batch)).write_text(
+            'v1\n{"batchWatermarkMs":0}\n'
+            f'{{"iot.telemetry":{{"0":{end}}}}}\n{{"sourceVersion":1,"reservoirVersion":3}}\n'
+        )
+    rows = [{"device_id": "d1", "kafka_topic": "iot.telemetry", "kafka_partition": 0,
+             "kafka_offset": o, "kafka_timestamp": t0 + timedelta(seconds=o),
+             "ingest_time": t0 + timedelta(seconds=o + 30)} for o in (3, 12, 15)]  # fmt: skip
+    write_deltalake(lake.table_path(root, lake.TELEMETRY), pa.Table.from_pylist(rows))
+    # Raised in batch 1, committed at 00:17: the device's newest message of batch 1 is at 00:15.
+    alert = {"device_id": "d1", "detected_at": t0 + timedelta(seconds=17), "batch_id": 1,
+             "alert_type": "flood"}  # fmt: skip
+    write_deltalake(lake.table_path(root, lake.ALERTS), pa.Table.from_pylist([alert]))
+    assert alert_latency(root, str(tmp_path / "cp")) == (2.0, 2.0)
+    # Without the checkpoint it can only go by what telemetry held before the alert: ingest wrote
+    # all three 30 s late, after the alert, so nothing to measure from.
+    assert alert_latency(root) is None

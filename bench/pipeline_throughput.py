@@ -183,7 +183,7 @@ def register_model(spark: Any, root: Path) -> str:
     from models.settings import ModelSettings
     from models.train import train
 
-    tracking = local_tracking_uri(str(root / "mlflow"))
+    tracking = local_tracking_uri(root)
     defaults = PipelineSettings()
     settings = ModelSettings(devices=60, hours=3.0, holdout_hours=2.0,
                              workdir=str(root / "training"))  # fmt: skip

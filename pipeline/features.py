@@ -19,7 +19,7 @@ EARTH_RADIUS_KM = 6371.0
 STAT_FUNCS = {"mean": F.avg, "std": F.stddev_samp, "min": F.min, "max": F.max}
 # Relative error of the distinct counts (HyperLogLog++). At a window's few dozen readings the
 # sketch counts almost exactly either way; 0.1 keeps 128 registers (12 longs per metric in the
-# window state) instead of 0.05's 512, and the smaller state cut a features batch at 100,000
+# window state) instead of 0.05's 512, and the smaller state cut a detection batch at 100,000
 # devices by a fifth (docs/PERFORMANCE.md). Changing it changes the window state: see the README
 # on upgrades that change the features.
 DISTINCT_RSD = 0.1

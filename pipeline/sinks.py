@@ -133,7 +133,7 @@ def is_write_conflict(exc: BaseException) -> bool:
 def retry_on_conflict(write: Callable[[], None], what: str, attempts: int = 5) -> None:
     """Run ``write``, again when it conflicted with a concurrent commit to the same table.
 
-    Two queries MERGE into ``alerts`` (features and firmware); a MERGE that lost commits
+    Two queries MERGE into ``alerts`` (detection and firmware); a MERGE that lost commits
     nothing, and running it again is safe because MERGEs on deterministic keys are idempotent.
     """
     for attempt in range(1, attempts + 1):

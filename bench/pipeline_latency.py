@@ -173,8 +173,11 @@ def check_running(
         return
     if simulator is not None:
         simulator.terminate()
+    kept = Path(tempfile.gettempdir()) / f"pipeline-failed-{os.getpid()}.log"
+    kept.write_bytes(log.read_bytes())  # the run's folder goes away with it
     lines = log.read_text(errors="replace").splitlines()
     errors = [line for line in lines if "Error" in line or "Exception" in line][:5]
+    errors.append(f"(the whole log: {kept})")
     raise SystemExit(
         f"the pipeline exited with code {pipeline.returncode} during the run; first errors:\n"
         + "\n".join(errors)

@@ -46,6 +46,7 @@ from pipeline.firmware import (
     unauthorized_changes,
 )
 from pipeline.ingest import IngestBatchWriter
+from pipeline.maintenance import apply_retention
 from pipeline.metrics import MetricsListener
 from pipeline.rules import RuleThresholds
 from pipeline.scoring import ModelScorer
@@ -245,6 +246,7 @@ def prepare(
     check_locations(settings)
     check_topic(settings)
     ensure_tables(spark, settings.lake_root)
+    apply_retention(spark, settings)  # before any query writes: it changes table metadata
     listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS))
     spark.streams.addListener(listener)
     return Pipeline(spark, settings, listener, model_scorer(settings), on_scoring=on_scoring)

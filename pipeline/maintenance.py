@@ -9,13 +9,14 @@ a restart's state load) open every file, so their cost grows with the count, not
    long ago; their final rows are in ``features``).
 2. OPTIMIZE (bin-packing compaction of the small files; files already large are left alone, so
    a table is not rewritten again and again as it grows).
-3. VACUUM with the retention of the settings: files that compaction or deletion replaced are
-   deleted once older than that. Readers still on an older snapshot, and time travel within
-   the retention, keep working; the default is Delta's own (7 days).
+3. VACUUM with the retention of the settings (each table's own, set by ``apply_retention`` when
+   the pipeline starts): files that compaction or deletion replaced are deleted once older than
+   that. Readers still on an older snapshot, streams reading behind, and time travel within the
+   retention keep working; the default is Delta's own (7 days).
 
 It runs inside ``pipeline run`` every ``IOT_PIPELINE_MAINTENANCE_INTERVAL`` on a thread of its
-own, and on demand with ``iotfraud maintain``. Its commits do not change data, so they conflict
-with nothing the streaming queries write (appends), and an alerts MERGE that meets one is
+own, and on demand with ``iotfraud maintain``. Its commits change neither data nor metadata, so
+they conflict with nothing the streaming queries append, and an alerts MERGE that meets one is
 retried (``pipeline.sinks.retry_on_conflict``); a maintenance step that loses is logged and
 tried again next time.
 """
@@ -98,8 +99,29 @@ def prune_changes(spark: SparkSession, table: DeltaTable, keep_s: float) -> int:
     return before
 
 
+RETENTION = "delta.deletedFileRetentionDuration"
+
+
 def retention_property(retention: str) -> str:
     return f"interval {seconds(retention)} seconds"
+
+
+def apply_retention(spark: SparkSession, settings: PipelineSettings) -> None:
+    """Make ``IOT_PIPELINE_VACUUM_RETENTION`` each table's own retention: for the tables this
+    session creates (a session default) and for those that exist. Run it before the streaming
+    queries start: a table property is a metadata change, and a concurrent append fails on it
+    (``MetadataChangedException``), so maintenance itself never changes one.
+    """
+    wanted = retention_property(settings.vacuum_retention)
+    spark.conf.set(f"spark.databricks.delta.properties.defaults.{RETENTION.removeprefix('delta.')}",
+                   wanted)  # fmt: skip
+    for name in MAINTAINED:
+        path = lake.table_path(settings.lake_root, name)
+        if not DeltaTable.isDeltaTable(spark, path):
+            continue
+        current = DeltaTable.forPath(spark, path).detail().select("properties").first()
+        if current is None or current[0].get(RETENTION) != wanted:
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{RETENTION}' = '{wanted}')")
 
 
 def maintain_table(
@@ -114,15 +136,7 @@ def maintain_table(
         name == lake.FEATURE_CHANGES
     ) else 0  # fmt: skip
     table.optimize().executeCompaction()
-    # VACUUM without an explicit retention takes the table's own: set it from the settings, so
-    # Delta's safety check (no retention below the table's) holds for any value chosen there.
-    retention = retention_property(settings.vacuum_retention)
-    current = table.detail().select("properties").first()
-    if current is None or current[0].get("delta.deletedFileRetentionDuration") != retention:
-        spark.sql(
-            f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
-            f"('delta.deletedFileRetentionDuration' = '{retention}')"
-        )
+    # VACUUM takes the table's own retention, which ``apply_retention`` set from the settings.
     # The Python API's vacuum() says nothing of what it deleted; a dry run lists it first.
     vacuumed = spark.sql(f"VACUUM delta.`{path}` DRY RUN").count()
     if vacuumed:

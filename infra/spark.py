@@ -37,8 +37,8 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         # Small tables are the norm in the lake: no need to write 50 checkpoint files per commit.
         "spark.databricks.delta.snapshotPartitions": str(partitions),
         "spark.sql.streaming.minBatchesToRetain": "20",
-        # Delta's VACUUM lists a table's folder with this many tasks (Spark's default: 10,000;
-        # a VACUUM of a five-file table ran 50,000 tasks).
+        # Delta's VACUUM lists a table's folder with this many tasks; Spark's default (10,000)
+        # turns the VACUUM of a small table into tens of thousands of tasks.
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(partitions),
         "spark.sql.adaptive.enabled": "false",
         # Detection runs on the driver in pandas: window rows cross to it through Arrow.

@@ -201,11 +201,9 @@ def write_alerts(spark: SparkSession, alerts: pd.DataFrame, *, path: str, batch_
     ``written`` only spares writes known to change nothing: the MERGE on ``alert_id`` is what
     makes a replayed batch, or a source read again from its start, write each alert once.
     """
-    new, changed = written.split(alerts)
-    fresh = (
-        pd.concat([new, changed]) if len(new) and len(changed) else (new if len(new) else changed)
-    )
-    if len(fresh):
+    parts = [part for part in written.split(alerts) if len(part)]  # new, changed
+    if parts:
+        fresh = pd.concat(parts)
         earliest = pd.Timestamp(fresh[col.WINDOW_START].min()).to_pydatetime()
         merge_alerts(to_spark(spark, fresh, batch_id), path, earliest=earliest)
         written.remember(fresh)

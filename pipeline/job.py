@@ -14,7 +14,7 @@ The firmware queries run with the Kafka source when IOT_FIRMWARE_TOPIC is set.
 
 Ingest and detection read the topic each for itself. Detection so never waits for bronze to be
 committed and read back (the path every alert but replay takes is one pass from Kafka); the
-price is a second read and parse of each message, about a tenth of what a window costs. Both
+price is a second read and parse of each message (docs/PERFORMANCE.md measures it). Both
 make the same per-record checks (``parse_events``) and call copies the same (see
 ``pipeline.transforms.first_copies``); a window counts the ingest's duplicates.
 """

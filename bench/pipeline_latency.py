@@ -284,6 +284,8 @@ def run(
         except subprocess.TimeoutExpired:
             os.killpg(pipeline.pid, signal.SIGKILL)
         log.close()
+        if args.keep_log:
+            args.keep_log.write_bytes((root / "pipeline.log").read_bytes())
     return sent, in_lake_at_end, send_s, drained_s, memory, health
 
 
@@ -296,6 +298,9 @@ def main() -> int:
     parser.add_argument("--bucket", type=float, default=300, help="timeline step, seconds")
     parser.add_argument("--health-every", type=float, default=0,
                         help="seconds between table-health samples (0: none)")  # fmt: skip
+    parser.add_argument("--keep-log", type=Path, default=None,
+                        help="copy the pipeline's log here at the end (IOT_LOG_LEVEL=DEBUG in "
+                        "the environment adds where each detection batch's time went)")  # fmt: skip
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="latbench-") as tmp:

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from infra import contract as c
 from pipeline import columns as col
-from pipeline.sinks import lower_bound, retry_on_conflict
+from pipeline.sinks import idempotent_append, lower_bound, retry_on_conflict
 
 log = logging.getLogger(__name__)
 
@@ -194,16 +194,27 @@ class WrittenAlerts:
         return written
 
 
-def write_alerts(spark: SparkSession, alerts: pd.DataFrame, *, path: str, batch_id: int,
-                 written: WrittenAlerts) -> None:  # fmt: skip
-    """MERGE the alerts that are new or changed; nothing when there are none (most batches).
+def write_alerts(spark: SparkSession, raised: pd.DataFrame, final: pd.DataFrame, *, path: str,
+                 app_id: str, batch_id: int, written: WrittenAlerts) -> None:  # fmt: skip
+    """Append the ``raised`` alerts the table does not hold yet; MERGE the ``final`` values of
+    alerts whose window this batch closed, where they differ from the table's.
 
-    ``written`` only spares writes known to change nothing: the MERGE on ``alert_id`` is what
-    makes a replayed batch, or a source read again from its start, write each alert once.
+    An alert is written when first raised and, if its values changed meanwhile, once more when
+    its window closes. A window's rule alert is decided again every time the window changes, and
+    its score and reason move with nearly every event: writing each change would put a MERGE in
+    most batches, between the next alert and the table. Until the window closes, the table shows
+    the values the alert was raised with.
+
+    Exactly once: ``written`` holds every alert the table has for the open windows (loaded at
+    start), so a replayed batch finds its new alerts written, and its final values too; the
+    append also carries the batch id as its Delta transaction version.
     """
-    parts = [part for part in written.split(alerts) if len(part)]  # new, changed
-    if parts:
-        fresh = pd.concat(parts)
-        earliest = pd.Timestamp(fresh[col.WINDOW_START].min()).to_pydatetime()
-        merge_alerts(to_spark(spark, fresh, batch_id), path, earliest=earliest)
-        written.remember(fresh)
+    new, _ = written.split(raised)
+    _, changed = written.split(final)
+    if len(new):
+        idempotent_append(to_spark(spark, new, batch_id), path, app_id, batch_id, rows=len(new))
+        written.remember(new)
+    if len(changed):
+        earliest = pd.Timestamp(changed[col.WINDOW_START].min()).to_pydatetime()
+        merge_alerts(to_spark(spark, changed, batch_id), path, earliest=earliest)
+        written.remember(changed)

@@ -10,14 +10,16 @@ starts.
 The driver keeps, per device, the windows still open (their latest state) and the closed
 windows a profile reads (``pipeline.profiles``). Nothing is rewritten per batch: the windows a
 batch changed are appended to ``feature_changes`` (a changelog: the latest row per window is its
-current state), the windows it closed are appended once to ``features`` (final rows), and only
-alerts that are new or changed are written. At start the state is rebuilt from those two tables,
-so a batch replayed after a crash finds the state its first attempt found, and decides the same.
+current state), the windows it closed are appended once to ``features`` (final rows), and an
+alert is written when raised and once more, with its final values, when its window closes. At
+start the state is rebuilt from those two tables, so a batch replayed after a crash finds the
+state its first attempt found, and decides the same.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -128,15 +130,22 @@ def detect(
 ) -> pd.DataFrame:
     """Rule alerts on the ``changed`` windows (against their device's profile from
     ``history``), model alerts on the ``scoring`` rows (pure; the stream and tests)."""  # fmt: skip
-    found = []
-    if len(changed):
-        with_normal = changed.reset_index(drop=True)
-        with_normal = with_normal.join(learned(profiles(with_normal, history, spec), spec))
-        found.append(rule_alerts(with_normal, rules))
+    found = [judge(changed, history, rules=rules, spec=spec)]
     if model is not None and len(scoring):
         found.append(model_alerts(scoring, model.score(scoring), model))
     found = [f for f in found if len(f)]
     return pd.concat(found, ignore_index=True) if found else empty_alerts()
+
+
+def judge(
+    windows: pd.DataFrame, history: pd.DataFrame, *, rules: RuleThresholds, spec: ProfileSpec
+) -> pd.DataFrame:
+    """Rule alerts on ``windows``, each against its device's profile from ``history``."""
+    if windows.empty:
+        return empty_alerts()
+    with_normal = windows.reset_index(drop=True)
+    with_normal = with_normal.join(learned(profiles(with_normal, history, spec), spec))
+    return rule_alerts(with_normal, rules)
 
 
 def load_state(
@@ -204,6 +213,22 @@ def window_states(spark: SparkSession, lake_root: str) -> DataFrame:
     return closed.unionByName(still_open, allowMissingColumns=True)
 
 
+class _Laps:
+    """Where a batch's time went, for the debug log."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.laps: list[str] = []
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps.append(f"{name} {now - self.last:.2f} s")
+        self.last = now
+
+    def __str__(self) -> str:
+        return ", ".join(self.laps)
+
+
 def _read(spark: SparkSession, lake_root: str, name: str) -> DataFrame | None:
     from delta.tables import DeltaTable
 
@@ -217,10 +242,10 @@ def _read(spark: SparkSession, lake_root: str, name: str) -> DataFrame | None:
 class FeaturesBatchWriter:
     """``foreachBatch`` function of the detection query (update mode: the windows that changed).
 
-    Writes, in this order: the alerts that are new or changed (MERGE); the windows this batch
-    closes, once, to ``features``; the windows that changed to ``feature_changes``. The two
-    appends are keyed by the batch id, so a replay writes nothing twice, and the last one marks
-    the batch as done for ``load_state``.
+    Writes, in this order: the new alerts, and the final values of alerts whose window this
+    batch closes (``write_alerts``); the windows it closes, once, to ``features``; the windows
+    that changed to ``feature_changes``. The appends are keyed by the batch id, so a replay writes
+    nothing twice, and the last one marks the batch as done for ``load_state``.
     """
 
     lake_root: str
@@ -246,8 +271,11 @@ class FeaturesBatchWriter:
             self.written = WrittenAlerts.load(spark, path(lake.ALERTS), self._done(self.state))
             if self.checkpoint:
                 self.app_id = f"{self.app_id}-{checkpoint_id(spark, self.checkpoint)}"
+        laps = _Laps()
         windows = batch.localCheckpoint(eager=True)
+        laps("aggregate")
         changed = windows.toPandas()
+        laps("to pandas")
         state, closing = advance(self.state, changed, spec=self.spec,
                                  watermark_s=self.watermark_s,
                                  min_events=self.rules.default.min_events)  # fmt: skip
@@ -256,16 +284,24 @@ class FeaturesBatchWriter:
         scoring = rows_to_score(closing, state.history, self.spec)
         alerts = detect(changed, scoring, state.history, model=model, rules=self.rules,
                         spec=self.spec)  # fmt: skip
-        write_alerts(spark, alerts, path=path(lake.ALERTS), batch_id=batch_id,
+        # The rules' last word on the windows this batch closes: the values their alerts keep.
+        last_word = judge(closing, state.history, rules=self.rules, spec=self.spec)
+        laps("detect")
+        write_alerts(spark, alerts, last_word, path=path(lake.ALERTS),
+                     app_id=f"{self.app_id}-alerts", batch_id=batch_id,
                      written=self.written)  # fmt: skip
+        laps("alerts")
         if len(closing):
-            final = spark.createDataFrame(closing[windows.columns], windows.schema)
-            idempotent_append(final, path(lake.FEATURES), f"{self.app_id}-features", batch_id,
+            closed = spark.createDataFrame(closing[windows.columns], windows.schema)
+            idempotent_append(closed, path(lake.FEATURES), f"{self.app_id}-features", batch_id,
                               rows=len(closing), merge_schema=True)  # fmt: skip
         if len(changed):
             idempotent_append(windows.withColumn(BATCH_ID, F.lit(batch_id).cast("long")),
                               path(lake.FEATURE_CHANGES), f"{self.app_id}-feature-changes",
                               batch_id, rows=len(changed), merge_schema=True)  # fmt: skip
+        laps("appends")
+        log.debug("detection batch %d: %d windows changed, %d closed, %d alerts; %s", batch_id,
+                  len(changed), len(closing), len(alerts), laps)  # fmt: skip
         self.state = state
         done = self._done(state)
         if done is not None:

@@ -66,7 +66,10 @@ class MetricsListener(StreamingQueryListener):
     def onQueryProgress(self, event: Any) -> None:
         import json
 
-        row = progress_row(json.loads(event.progress.json))
+        progress = json.loads(event.progress.json)
+        row = progress_row(progress)
+        log.debug("%s batch %d took (ms): %s", row["query_name"], row["batch_id"],
+                  progress.get("durationMs"))  # fmt: skip
         with self._lock:
             self._rows.append(row)
             self.latest[row["query_name"]] = row

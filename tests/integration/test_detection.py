@@ -118,6 +118,34 @@ def test_replayed_batch_changes_no_alert(spark: Any, lake: str, tmp_path: Path) 
     assert {a.alert_type for a in after} == {"rogue_device"}  # unregistered: firmware unknown
 
 
+def test_an_alert_keeps_its_raised_values_until_its_window_closes(
+    spark: Any, lake: str, tmp_path: Path
+) -> None:
+    writer = FeaturesBatchWriter(lake, ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent"))
+    path = lake_table(lake, "alerts")
+    start = datetime(2026, 11, 22, 8, 0)
+
+    def last_event_times() -> dict[datetime, datetime]:
+        rows = spark.read.format("delta").load(path).collect()
+        assert len({r.alert_id for r in rows}) == len(rows)
+        return {r.window_start: r.last_event_time for r in rows}
+
+    # The unregistered device's readings every 30 s, as the stream's windows grow.
+    writer(rogue_device_windows(spark, lake, (0, 0.05)), 0)  # up to 08:02:30
+    raised = last_event_times()
+    assert raised[start] == start + timedelta(minutes=2, seconds=30)
+    writer(rogue_device_windows(spark, lake, (0, 0.11)), 1)  # up to 08:06:00: the window grew
+    grown = last_event_times()
+    assert grown[start] == raised[start]  # no MERGE for a window still filling
+    assert grown[start + timedelta(minutes=5)] == start + timedelta(minutes=6)  # a new alert
+    writer(rogue_device_windows(spark, lake, (0, 1)), 2)  # up to 08:59:30: 08:00-08:10 closed
+    final = last_event_times()
+    assert final[start] == start + timedelta(minutes=9, seconds=30)
+    assert len(final) == 13  # one per window start, 07:55 to 08:55
+    writer(rogue_device_windows(spark, lake, (0, 1)), 2)  # replayed: nothing changes
+    assert last_event_times() == final
+
+
 def test_an_unreadable_model_registry_leaves_the_rules_running_and_says_so_once(
     spark: Any, lake: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

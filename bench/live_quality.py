@@ -101,8 +101,11 @@ def run(seed: int, args: argparse.Namespace) -> None:
 def demo(command: list[str], cwd: str, env: dict[str, str], args: argparse.Namespace) -> str:
     """The demo's standard output; with ``--interrupt-after``, Ctrl-C once it has run that long."""
     if args.interrupt_after is None:
-        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
-                              check=False, timeout=args.duration + 3600).stdout  # fmt: skip
+        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                              check=False, timeout=args.duration + 3600)  # fmt: skip
+        if args.keep:
+            Path(cwd, "demo.log").write_text(done.stderr)
+        return done.stdout
     proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     assert proc.stdout is not None
@@ -134,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--interrupt-after", type=float, help="run as `make demo` does and "
                         "press Ctrl-C after this many seconds")  # fmt: skip
-    parser.add_argument("--keep", type=Path, help="keep each run's state and lake here")
+    parser.add_argument("--keep", type=Path,
+                        help="keep each run's state, lake and log (demo.log) here")  # fmt: skip
     args = parser.parse_args(argv)
     if args.interrupt_after is None:
         args.devices = args.devices or 200

@@ -152,6 +152,10 @@ class WrittenAlerts:
 
     fields: dict[str, tuple[Hashable, ...]] = field(default_factory=dict)
     ends: dict[str, pd.Timestamp] = field(default_factory=dict)
+    # The table may hold alerts of windows ending at or before this that are not known here (a
+    # start without window state, e.g. after the features tables were rebuilt): a new alert of
+    # such a window is MERGEd, not appended. None: every alert in the table is known.
+    unknown_until: pd.Timestamp | None = None
 
     def split(self, alerts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         """``alerts`` (DETECTOR_COLUMNS) as (new, changed); the unchanged ones are left out."""
@@ -163,6 +167,12 @@ class WrittenAlerts:
         changed = np.array([k is not None and k != n for k, n in zip(known, now, strict=True)],
                            dtype=bool)  # fmt: skip
         return alerts[new], alerts[changed]
+
+    def maybe_written(self, alerts: pd.DataFrame) -> pd.Series:
+        """Per alert not known here: whether the table may hold it all the same."""
+        if self.unknown_until is None:
+            return pd.Series(False, index=alerts.index)
+        return pd.to_datetime(alerts[col.WINDOW_END]) <= self.unknown_until
 
     def remember(self, alerts: pd.DataFrame) -> None:
         for _, row in alerts.iterrows():
@@ -178,17 +188,19 @@ class WrittenAlerts:
 
     @classmethod
     def load(cls, spark: SparkSession, path: str, open_after: pd.Timestamp | None) -> WrittenAlerts:
-        """The alerts of windows ending after ``open_after``, as the table holds them."""
-        written = cls()
-        if open_after is None or not DeltaTable.isDeltaTable(spark, path):
-            return written
+        """The alerts of windows ending after ``open_after``, as the table holds them; without
+        ``open_after`` (no window state), none, and every alert in the table counts as possibly
+        written (``unknown_until``)."""
+        if not DeltaTable.isDeltaTable(spark, path):
+            return cls()
+        table = spark.read.format("delta").load(path)
+        if open_after is None:
+            newest = table.agg(F.max(col.WINDOW_END).alias("t")).first()
+            return cls(unknown_until=None if newest is None or newest.t is None
+                       else pd.Timestamp(newest.t))  # fmt: skip
         since = F.lit(open_after.strftime(_TIME_TEXT)).cast("timestamp")
-        rows = (
-            spark.read.format("delta").load(path)
-            .where(F.col(col.WINDOW_END) > since)
-            .select("alert_id", *_UPDATABLE)
-            .toPandas()
-        )  # fmt: skip
+        rows = table.where(F.col(col.WINDOW_END) > since).select("alert_id", *_UPDATABLE).toPandas()
+        written = cls(unknown_until=open_after)
         written.remember(rows)
         log.info("alerts of open windows loaded: %d", len(rows))
         return written
@@ -197,24 +209,30 @@ class WrittenAlerts:
 def write_alerts(spark: SparkSession, raised: pd.DataFrame, final: pd.DataFrame, *, path: str,
                  app_id: str, batch_id: int, written: WrittenAlerts) -> None:  # fmt: skip
     """Append the ``raised`` alerts the table does not hold yet; MERGE the ``final`` values of
-    alerts whose window this batch closed, where they differ from the table's.
+    alerts (their window closed, or the query stopped), where they differ from the table's.
 
-    An alert is written when first raised and, if its values changed meanwhile, once more when
-    its window closes. A window's rule alert is decided again every time the window changes, and
+    An alert is written when first raised and, if its values changed meanwhile, once more with
+    its final values. A window's rule alert is decided again every time the window changes, and
     its score and reason move with nearly every event: writing each change would put a MERGE in
-    most batches, between the next alert and the table. Until the window closes, the table shows
-    the values the alert was raised with.
+    most batches, between the next alert and the table. Until then the table shows the values
+    the alert was raised with.
 
     Exactly once: ``written`` holds every alert the table has for the open windows (loaded at
-    start), so a replayed batch finds its new alerts written, and its final values too; the
-    append also carries the batch id as its Delta transaction version.
+    start), so a replayed batch finds its new alerts written and its final values too; the
+    append also carries the batch id as its Delta transaction version. A new alert the table may
+    hold all the same (``WrittenAlerts.unknown_until``) goes through the MERGE.
     """
     new, _ = written.split(raised)
     _, changed = written.split(final)
-    if len(new):
-        idempotent_append(to_spark(spark, new, batch_id), path, app_id, batch_id, rows=len(new))
-        written.remember(new)
-    if len(changed):
-        earliest = pd.Timestamp(changed[col.WINDOW_START].min()).to_pydatetime()
-        merge_alerts(to_spark(spark, changed, batch_id), path, earliest=earliest)
-        written.remember(changed)
+    maybe = written.maybe_written(new)
+    if (~maybe).any():
+        appended = new[~maybe]
+        idempotent_append(to_spark(spark, appended, batch_id), path, app_id, batch_id,
+                          rows=len(appended))  # fmt: skip
+    parts = [part for part in (new[maybe], changed) if len(part)]
+    if parts:
+        merged = pd.concat(parts)
+        earliest = pd.Timestamp(merged[col.WINDOW_START].min()).to_pydatetime()
+        merge_alerts(to_spark(spark, merged, batch_id), path, earliest=earliest)
+    written.remember(new)
+    written.remember(changed)

@@ -309,6 +309,18 @@ class FeaturesBatchWriter:
         if self.on_scoring is not None:
             self.on_scoring(scoring)
 
+    def finish(self, spark: SparkSession) -> None:
+        """Write the current values of the alerts whose window is still open, where they differ
+        from the table's (batches leave them as raised, ``write_alerts``). Called once the query
+        has stopped, so that a stopped pipeline's table holds every alert's latest values."""
+        if self.state is None or self.written is None or self.state.open.empty:
+            return
+        current = judge(self.state.open, self.state.history, rules=self.rules, spec=self.spec)
+        write_alerts(spark, empty_alerts(), current, path=lake.table_path(self.lake_root,
+                     lake.ALERTS), app_id=f"{self.app_id}-alerts",
+                     batch_id=-1,  # unused: updates keep the batch id of the insert
+                     written=self.written)  # fmt: skip
+
     def _done(self, state: WindowState) -> pd.Timestamp | None:
         """Windows ending at or before this are closed: no event can change them any more."""
         if state.max_event_time is None:

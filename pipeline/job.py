@@ -132,6 +132,7 @@ class Pipeline:
     queries: list[StreamingQuery] = field(default_factory=list)
     # Receives the rows the model scores (see ``FeaturesBatchWriter.on_scoring``).
     on_scoring: Callable[[pd.DataFrame], None] | None = None
+    detection: FeaturesBatchWriter | None = None
 
     def checkpoint(self, query: str) -> str:
         return os.path.join(self.settings.checkpoint_root, query)
@@ -201,6 +202,7 @@ class Pipeline:
             checkpoint=self.checkpoint(DETECTION),
             on_scoring=self.on_scoring,
         )
+        self.detection = writer
         return self._start(features, DETECTION, writer, output_mode="update")
 
     @property
@@ -231,7 +233,17 @@ class Pipeline:
         for query in self.queries:
             if query.isActive:
                 query.stop()
+        self.finish_detection()
         self.flush_metrics()
+
+    def finish_detection(self) -> None:
+        """Once detection has stopped: its open windows' alerts get their latest values."""
+        if self.detection is None:
+            return
+        try:
+            self.detection.finish(self.spark)
+        except Exception as exc:  # the next stop writes them; what stopped the queries matters
+            log.warning("alerts of open windows keep the values they were raised with: %s", exc)
 
     def failures(self) -> list[str]:
         return [f"{q.name}: {q.exception()}" for q in self.queries if q.exception() is not None]
@@ -277,6 +289,7 @@ def run_available_now(
             pipeline.start_firmware_ingest().awaitTermination()
         pipeline.start_ingest().awaitTermination()
         pipeline.start_detection().awaitTermination()
+        pipeline.finish_detection()
         if pipeline.checks_firmware:
             pipeline.start_firmware().awaitTermination()
     finally:

@@ -118,7 +118,7 @@ def test_replayed_batch_changes_no_alert(spark: Any, lake: str, tmp_path: Path) 
     assert {a.alert_type for a in after} == {"rogue_device"}  # unregistered: firmware unknown
 
 
-def test_an_alert_keeps_its_raised_values_until_its_window_closes(
+def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_stops(
     spark: Any, lake: str, tmp_path: Path
 ) -> None:
     writer = FeaturesBatchWriter(lake, ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent"))
@@ -138,12 +138,34 @@ def test_an_alert_keeps_its_raised_values_until_its_window_closes(
     grown = last_event_times()
     assert grown[start] == raised[start]  # no MERGE for a window still filling
     assert grown[start + timedelta(minutes=5)] == start + timedelta(minutes=6)  # a new alert
+    writer.finish(spark)  # the query stopped: open windows' alerts get their latest values
+    assert last_event_times()[start] == start + timedelta(minutes=6)
     writer(rogue_device_windows(spark, lake, (0, 1)), 2)  # up to 08:59:30: 08:00-08:10 closed
     final = last_event_times()
     assert final[start] == start + timedelta(minutes=9, seconds=30)
     assert len(final) == 13  # one per window start, 07:55 to 08:55
     writer(rogue_device_windows(spark, lake, (0, 1)), 2)  # replayed: nothing changes
     assert last_event_times() == final
+
+
+def test_windows_rebuilt_from_the_topic_raise_no_alert_twice(
+    spark: Any, lake: str, tmp_path: Path
+) -> None:
+    import shutil
+
+    features = rogue_device_windows(spark, lake)
+    none = ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent")
+    FeaturesBatchWriter(lake, none)(features, 0)
+    path = lake_table(lake, "alerts")
+    before = sorted(spark.read.format("delta").load(path).drop("detected_at").collect())
+    # As after an upgrade (README): features tables and detection checkpoint deleted, the
+    # windows rebuilt from the topic under a new checkpoint id.
+    for table in ("features", "feature_changes"):
+        shutil.rmtree(lake_table(lake, table))
+    FeaturesBatchWriter(lake, none, app_id="after-upgrade")(features, 0)
+
+    after = sorted(spark.read.format("delta").load(path).drop("detected_at").collect())
+    assert len(before) > 0 and after == before
 
 
 def test_an_unreadable_model_registry_leaves_the_rules_running_and_says_so_once(

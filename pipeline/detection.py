@@ -19,6 +19,7 @@ state its first attempt found, and decides the same.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -260,8 +261,14 @@ class FeaturesBatchWriter:
     on_scoring: Callable[[pd.DataFrame], None] | None = None
     state: WindowState | None = None
     written: WrittenAlerts | None = None
+    # A batch and ``finish`` never run side by side, even if a stop returned early.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        with self._lock:
+            self._process(batch, batch_id)
+
+    def _process(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
         path = partial(lake.table_path, self.lake_root)
         if self.state is None or self.written is None:
@@ -313,6 +320,10 @@ class FeaturesBatchWriter:
         """Write the current values of the alerts whose window is still open, where they differ
         from the table's (batches leave them as raised, ``write_alerts``). Called once the query
         has stopped, so that a stopped pipeline's table holds every alert's latest values."""
+        with self._lock:
+            self._finish(spark)
+
+    def _finish(self, spark: SparkSession) -> None:
         if self.state is None or self.written is None or self.state.open.empty:
             return
         current = judge(self.state.open, self.state.history, rules=self.rules, spec=self.spec)

@@ -1,9 +1,24 @@
-"""Analysts' sign-in: scrypt password hashes, the user file, and a throttle on failed attempts.
+"""Analysts' sign-in: scrypt password hashes, the user file, a throttle on failed attempts and
+the idle time after which a sign-in ends.
 
 The user file (``IOT_DASH_AUTH_FILE``) holds one ``name:hash`` line per analyst, made with
 ``iotfraud dashboard hash-password NAME``; blank lines and ``#`` comments are ignored. A hash reads
 ``scrypt$<n>$<r>$<p>$<salt>$<key>`` (base64 salt and key), so its cost can be raised later
 without breaking the lines already written. The file holds no password, only these hashes.
+
+Failed sign-ins are limited four ways within a window (``LoginThrottle``): one client with one
+name, one client with any names (spraying one password over many names), one name from any
+clients (guessing at one account from many places) and everything together (a bound on guesses
+whatever their spread). A refused attempt is neither checked nor counted, so one client adds at
+most ``max_failures`` to a name's count and ``client_max_failures`` to the total. Both must be
+below the name and global limits, so that locking a name out, or everyone, takes several clients
+at once, and an analyst who mistypes locks out only themselves, at their own client, for a while. A
+success clears only its own client-and-name count: a password an attacker happens to know must
+not reset the counts that limit their guessing at other accounts.
+
+A client is its address (an IPv6 one by its /64 network, ``client_key``). Where the address is
+unknown, as behind a proxy on the same host, it is the browser session, of which one person can
+open many: then only the name and global limits bound their guesses.
 """
 
 from __future__ import annotations
@@ -12,6 +27,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import re
@@ -157,8 +173,19 @@ def authenticate(users: dict[str, PasswordHash], name: str, password: str) -> bo
     return matched and known is not None
 
 
+# Failures allowed within WINDOW_S: one client with one name, one client with any names, one name
+# from any clients, and everything together.
+WINDOW_S = 300.0
+MAX_FAILURES = 5
+CLIENT_MAX_FAILURES = 20
+NAME_MAX_FAILURES = 20
+GLOBAL_MAX_FAILURES = 100
+# Most keys kept before the aged-out ones are dropped (many names or clients tried at once).
+_MAX_KEYS = 10_000
+
+
 class LoginThrottle:
-    """Refuses sign-ins for a user name after ``max_failures`` failures within ``window_s``.
+    """Refuses sign-ins once the failures within ``window_s`` reach a limit (module docstring).
 
     Keyed by the name typed, known or not, so that being refused says nothing about whether the
     name exists. Shared by every session of the server process (hence the lock).
@@ -166,37 +193,89 @@ class LoginThrottle:
 
     def __init__(
         self,
-        max_failures: int = 5,
-        window_s: float = 300.0,
+        *,
+        max_failures: int = MAX_FAILURES,
+        client_max_failures: int = CLIENT_MAX_FAILURES,
+        name_max_failures: int = NAME_MAX_FAILURES,
+        global_max_failures: int = GLOBAL_MAX_FAILURES,
+        window_s: float = WINDOW_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.max_failures = max_failures
+        if not max_failures < name_max_failures:
+            raise ValueError("max_failures must be below name_max_failures")
+        if not client_max_failures < global_max_failures:
+            raise ValueError("client_max_failures must be below global_max_failures")
+        self._limits = (max_failures, client_max_failures, name_max_failures, global_max_failures)
         self.window_s = window_s
         self._clock = clock
-        self._failures: dict[str, list[float]] = {}
+        self._failures: dict[tuple[str, ...], list[float]] = {}
         self._lock = threading.Lock()
 
-    def _recent(self, name: str, now: float) -> list[float]:
-        recent = [t for t in self._failures.get(name, []) if now - t < self.window_s]
+    @staticmethod
+    def _keys(client: str, name: str) -> tuple[tuple[str, ...], ...]:
+        # In the order of self._limits; the first item names the limit in refusals.
+        return (("client and name", client, name), ("client", client), ("name", name), ("all",))
+
+    def _recent(self, key: tuple[str, ...], now: float) -> list[float]:
+        recent = [t for t in self._failures.get(key, []) if now - t < self.window_s]
         if recent:
-            self._failures[name] = recent
+            self._failures[key] = recent
         else:
-            self._failures.pop(name, None)
+            self._failures.pop(key, None)
         return recent
 
-    def blocked(self, name: str) -> bool:
-        with self._lock:
-            return len(self._recent(name, self._clock())) >= self.max_failures
+    def attempt(self, client: str, name: str) -> str | None:
+        """The limit that refuses ``client`` signing in as ``name`` now, or None if none does.
 
-    def failed(self, name: str) -> None:
+        An attempt that is not refused counts as a failure at once, until ``succeeded``: sign-ins
+        checked side by side cannot all pass a limit that only one of them had room under.
+        """
         with self._lock:
             now = self._clock()
-            self._failures[name] = [*self._recent(name, now), now]
-            if len(self._failures) > 10_000:
-                # Many names tried at once: forget the ones whose failures have aged out.
+            keys = self._keys(client, name)
+            for key, limit in zip(keys, self._limits, strict=True):
+                if len(self._recent(key, now)) >= limit:
+                    return key[0]
+            for key in keys:
+                self._failures.setdefault(key, []).append(now)
+            if len(self._failures) > _MAX_KEYS:
                 for other in list(self._failures):
                     self._recent(other, now)
+            return None
 
-    def succeeded(self, name: str) -> None:
+    def succeeded(self, client: str, name: str) -> None:
+        """The attempt was right: forget this client's failures with this name, and the attempt."""
         with self._lock:
-            self._failures.pop(name, None)
+            pair, *others = self._keys(client, name)
+            self._failures.pop(pair, None)
+            for key in others:
+                times = self._failures.get(key)
+                # The newest entry: this attempt's own, or one as recent (the count is the same).
+                if times:
+                    times.pop()
+                if not times:
+                    self._failures.pop(key, None)
+
+
+def client_key(address: str | None, session: str) -> str:
+    """Who the throttle counts: the client's address, else (address unknown) the ``session``.
+
+    An IPv6 address counts as its /64 network, which one subscriber usually holds whole.
+    """
+    if address is None:
+        return f"session {session}"
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+def idle_expired(last_active: float | None, now: float, idle_timeout_s: float) -> bool:
+    """True if a session last active at ``last_active`` (a clock reading) has been idle for
+    ``idle_timeout_s`` or more at ``now``; with no reading, True (nothing keeps it alive)."""
+    return last_active is None or now - last_active >= idle_timeout_s

@@ -15,7 +15,6 @@ import getpass
 import ipaddress
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -24,6 +23,7 @@ from dashboard import auth
 from dashboard.settings import DashboardSettings
 from infra.errors import ConfigError
 from infra.logs import configure_logging
+from infra.processes import Children, Stopped, stop_signals
 from infra.settings import load_settings
 
 log = logging.getLogger(__name__)
@@ -160,8 +160,14 @@ def main(argv: list[str] | None = None) -> int:
             "(README: Dashboard authentication)",
             settings.address,
         )
+    children = Children()
     try:
-        return subprocess.call(server_command(settings), env=server_env(settings))
-    except KeyboardInterrupt:
-        # Ctrl-C reaches streamlit too; it shuts down on its own.
+        with stop_signals():
+            server = children.start("dashboard server", server_command(settings),
+                                    server_env(settings))  # fmt: skip
+            return server.wait()
+    except Stopped as stopped:
+        log.info("%s: stopping the dashboard", stopped)
         return 0
+    finally:
+        children.stop(timeout_s=10)

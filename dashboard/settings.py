@@ -54,6 +54,19 @@ class DashboardSettings(CommonSettings):
         description="File of analysts' name:hash lines (iotfraud dashboard hash-password NAME); "
         "set, every page asks for a sign-in first; empty = no sign-in",
     )
+    session_idle_minutes: float = Field(
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="With sign-in on, minutes without interaction after which an analyst is "
+        "signed out",
+    )
+    sign_in_global_max_failures: int = Field(
+        default=auth.GLOBAL_MAX_FAILURES,
+        description="With sign-in on, failed sign-ins from all clients within "
+        f"{auth.WINDOW_S / 60:g} minutes after which every sign-in is refused until the window "
+        f"passes (above {auth.CLIENT_MAX_FAILURES}, what one client may fail)",
+    )
     state_dir: Path = Field(
         default_factory=lambda: StackSettings().state_dir,
         validation_alias="IOT_STACK_STATE_DIR",
@@ -78,6 +91,16 @@ class DashboardSettings(CommonSettings):
         # Read now, so that a missing or malformed file stops the dashboard at start.
         if value is not None:
             auth.read_users(value)
+        return value
+
+    @field_validator("sign_in_global_max_failures")
+    @classmethod
+    def _above_one_client(cls, value: int) -> int:
+        if value <= auth.CLIENT_MAX_FAILURES:
+            raise ValueError(
+                f"must be more than {auth.CLIENT_MAX_FAILURES} (the failed sign-ins one client "
+                "may make), so that one client cannot lock everyone out"
+            )
         return value
 
     def tracking_uri(self) -> str:

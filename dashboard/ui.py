@@ -16,7 +16,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, login
 from dashboard.settings import DashboardSettings
 from infra import contract as c
 from infra.settings import load_settings
@@ -79,8 +79,18 @@ def time_window() -> tuple[datetime | None, datetime | None]:
 
 
 def refreshing(settings: DashboardSettings, body: Callable[[], None]) -> None:
-    """Run ``body`` as a fragment that reruns itself every ``refresh_seconds``, alone."""
-    st.fragment(body, run_every=settings.refresh_seconds)()
+    """Run ``body`` as a fragment that reruns itself every ``refresh_seconds``, alone.
+
+    A fragment's rerun skips the sign-in gate: once the session has been idle too long, it
+    reruns the whole app instead, which signs the analyst out, so an idle tab stops receiving
+    data."""
+
+    def run() -> None:
+        if login.signed_in_analyst() is not None and login.session_expired(settings):
+            st.rerun(scope="app")
+        body()
+
+    st.fragment(run, run_every=settings.refresh_seconds)()
 
 
 def updated_caption(settings: DashboardSettings) -> None:

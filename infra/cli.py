@@ -9,6 +9,7 @@ import sys
 from infra import stack
 from infra.errors import SetupError
 from infra.logs import configure_logging
+from infra.processes import Stopped, stop_signals
 from infra.settings import CommonSettings, StackSettings, load_settings
 
 log = logging.getLogger(__name__)
@@ -39,14 +40,18 @@ def main(argv: list[str] | None = None) -> int:
             stopped = stack.down(stack_settings)
             print("broker stopped" if stopped else "no broker of this stack was running")
             return 0
-        status = (
-            stack.up(stack_settings, common)
-            if args.action == "up"
-            else stack.status(stack_settings, common)
-        )
+        if args.action == "up":
+            # A stop signal while the broker starts stops it again (the start cleans up).
+            with stop_signals():
+                status = stack.up(stack_settings, common)
+        else:
+            status = stack.status(stack_settings, common)
     except SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Stopped as stopped:
+        print(f"stack up stopped by {stopped}; the broker it started is stopped", file=sys.stderr)
+        return 1
     print("\n".join(status.lines()))
     print("stack healthy" if status.healthy else "stack NOT healthy")
     return 0 if status.healthy else 1

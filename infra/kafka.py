@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra import processes
 from infra.errors import BrokerStartError, ConfigError, KafkaAccessError
 from infra.jars import KAFKA_BUNDLE, resolve
 from infra.java import check_java
@@ -189,8 +190,12 @@ class KafkaBroker:
     def is_running(self) -> bool:
         return self.pid() is not None
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = 60.0, *, die_with_parent: bool = False) -> None:
         """Start the broker unless it already runs, and wait until it answers metadata requests.
+
+        A broker that does not come up, or whose start is interrupted, is stopped again. With
+        ``die_with_parent`` the kernel kills it when this process dies (the demo's broker);
+        without, it runs until ``stop`` (``iotfraud stack up``).
 
         Raises:
             PortInUseError: a port is taken by another process.
@@ -242,11 +247,16 @@ class KafkaBroker:
                  "-cp", classpath, "kafka.Kafka", str(self.config_file.resolve())],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=processes.die_with_parent() if die_with_parent else None,  # noqa: PLW1509
             )  # fmt: skip
         self.pid_file.write_text(str(proc.pid))
         log.info("started Kafka broker pid %d at %s", proc.pid, self.bootstrap_servers)
-        wait_until_ready(self.bootstrap_servers, timeout_s, self, proc)
-        self._ready_secured(timeout_s)
+        try:
+            wait_until_ready(self.bootstrap_servers, timeout_s, self, proc)
+            self._ready_secured(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
 
     def _ready_secured(self, timeout_s: float) -> None:
         """Create or update the SCRAM user, then wait until it can log in on SASL_SSL."""

@@ -90,13 +90,16 @@ def resolve_jars(stack: StackSettings) -> None:
     resolve(SPARK_BUNDLE, stack.cache_dir)
 
 
-def up(stack: StackSettings, common: CommonSettings) -> StackStatus:
-    """Resolve jars, create the lake and MLflow store, start the broker and wait for it."""
+def up(
+    stack: StackSettings, common: CommonSettings, *, die_with_parent: bool = False
+) -> StackStatus:
+    """Resolve jars, create the lake and MLflow store, start the broker and wait for it (killed
+    with this process if ``die_with_parent``; else it runs until ``down``)."""
     broker = local_broker(stack, common)
     resolve_jars(stack)
     lake.ensure_lake(common.lake_root)
     ensure_local_store(stack.state_dir)
-    broker.start(timeout_s=stack.start_timeout_s)
+    broker.start(timeout_s=stack.start_timeout_s, die_with_parent=die_with_parent)
     return status(stack, common)
 
 

@@ -6,6 +6,7 @@ Components are imported lazily so that, for example, the dashboard does not pull
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable
 
@@ -61,3 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as exc:
         print(f"iotfraud {command}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # Whoever read our output has gone (`iotfraud demo | head`); the command's `finally`
+        # blocks have stopped its children. Nothing more to print, and nowhere to print it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -11,51 +11,21 @@ import argparse
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from infra import lake, stack
 from infra.logs import configure_logging
+from infra.processes import Children, Stopped, run_child, stop_signals
 from infra.settings import CommonSettings, StackSettings, load_settings
 from simulator.producer import ensure_topic
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Children:
-    """The demo's child processes, stopped in reverse start order."""
-
-    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
-
-    def start(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        log.info("starting %s", name)
-        proc = subprocess.Popen([sys.executable, "-m", *args], env=env, start_new_session=True)
-        self.procs.append((name, proc))
-
-    def failed(self) -> list[str]:
-        return [
-            f"{n} exited with {p.returncode}" for n, p in self.procs if p.poll() not in (None, 0)
-        ]
-
-    def stop(self, name: str | None = None, timeout_s: float = 90.0) -> None:
-        for child, proc in reversed(self.procs):
-            if (name is None or child == name) and proc.poll() is None:
-                log.info("stopping %s", child)
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    log.warning("%s did not stop in %.0fs; killing it", child, timeout_s)
-                    os.killpg(proc.pid, signal.SIGKILL)
 
 
 def table_rows(
@@ -141,10 +111,11 @@ def ensure_model(env: dict[str, str], devices: int, hours: float) -> None:
         f"of {devices} devices (a few minutes; `iotfraud train` trains a bigger one)",
         flush=True,
     )
-    subprocess.run(
+    run_child(
+        "training",
         [sys.executable, "-m", "models", "train", "--devices", str(devices),
          "--hours", str(hours), "--holdout-hours", str(max(1.0, hours / 2))],
-        env=env, check=True,
+        env,
     )  # fmt: skip
 
 
@@ -324,7 +295,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--accelerate needs --duration (so the simulated clock ends near now)")
 
     stack_settings, common = load_settings(StackSettings), load_settings(CommonSettings)
-    status = stack.up(stack_settings, common)
+    # A broker the demo starts is the demo's: it stops with it. One started before (`iotfraud
+    # stack up`) keeps running.
+    own_broker = not stack.local_broker(stack_settings).is_running()
+    try:
+        with stop_signals():  # until the children run, any stop signal ends the demo at once
+            return run_demo(args, stack_settings, common)
+    except Stopped as stopped:
+        print(f"demo stopped ({stopped}) before the pipeline started", file=sys.stderr)
+        return 1
+    finally:
+        if own_broker and stack.down(stack_settings):
+            log.info("stopped the Kafka broker the demo started")
+
+
+def run_demo(
+    args: argparse.Namespace, stack_settings: StackSettings, common: CommonSettings
+) -> int:
+    status = stack.up(stack_settings, common, die_with_parent=True)
     print("\n".join(status.lines()))
     if not status.healthy:
         print("stack NOT healthy", file=sys.stderr)
@@ -332,10 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "IOT_LAKE_ROOT": common.lake_root,
            "KAFKA_BOOTSTRAP_SERVERS": status.bootstrap_servers}  # fmt: skip
     if not table_rows(common.lake_root, lake.DEVICES, ["device_id"]):
-        subprocess.run(
+        run_child(
+            "registry",
             [sys.executable, "-m", "simulator", "registry", "create",
              "--devices", str(args.devices)],
-            env=env, check=True,
+            env,
         )  # fmt: skip
     if not args.no_train:
         ensure_model(env, args.train_devices, args.train_hours)
@@ -349,40 +338,57 @@ def main(argv: list[str] | None = None) -> int:
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         stop.set()
 
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
     children = Children()
-    try:
-        children.start("pipeline", ["pipeline", "run"], env)
-        # Real time by default: each device reports every 10-30 s, so event times stay close to
-        # now. A new seed per run: a rerun must not resend the event ids of the previous one.
-        seed = str(args.seed if args.seed is not None else int(time.time()))
-        sim_env = {**env, **scenario_timing(args.duration > 0)}
-        simulate = ["simulator", "simulate", "--accelerate", str(args.accelerate), "--seed", seed,
-                    "--no-progress"]  # fmt: skip
-        if args.duration:
-            simulate += ["--duration", str(args.duration)]
-        children.start("simulator", simulate, sim_env)
-        started = time.monotonic()
-        if not args.no_dashboard:
-            children.start("dashboard", ["dashboard"], env)
-            port = os.environ.get("IOT_DASH_PORT", "8501")
-            print(f"dashboard: http://localhost:{port} (Ctrl-C stops the demo)")
-        while not stop.wait(10):
-            print(progress_line(common.lake_root), flush=True)
-            failed = children.failed()
-            if failed:
-                print("demo stopped: " + "; ".join(failed), file=sys.stderr)
-                return 1
-            if args.duration and time.monotonic() - started >= args.duration:
-                break
-        children.stop("simulator")
-        drain(common.lake_root)
-    finally:
-        children.stop()
+    # Ctrl-C, SIGTERM or a closed terminal end the run as --duration does, with the summary.
+    with stop_signals(request_stop):
+        try:
+            return supervise(args, env, status.bootstrap_servers, common,
+                             children=children, stop=stop)  # fmt: skip
+        finally:
+            children.stop()
+
+
+def supervise(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    bootstrap_servers: str,
+    common: CommonSettings,
+    *,
+    children: Children,
+    stop: threading.Event,
+) -> int:
+    """Run the children until --duration, a stop request or a child's failure; then let the
+    pipeline finish what was sent, stop it and print the summary."""
+    python = [sys.executable, "-m"]
+    children.start("pipeline", [*python, "pipeline", "run"], env)
+    # Real time by default: each device reports every 10-30 s, so event times stay close to
+    # now. A new seed per run: a rerun must not resend the event ids of the previous one.
+    seed = str(args.seed if args.seed is not None else int(time.time()))
+    sim_env = {**env, **scenario_timing(args.duration > 0)}
+    simulate = [*python, "simulator", "simulate", "--accelerate", str(args.accelerate),
+                "--seed", seed, "--no-progress"]  # fmt: skip
+    if args.duration:
+        simulate += ["--duration", str(args.duration)]
+    children.start("simulator", simulate, sim_env)
+    started = time.monotonic()
+    if not args.no_dashboard:
+        children.start("dashboard", [*python, "dashboard"], env)
+        port = os.environ.get("IOT_DASH_PORT", "8501")
+        print(f"dashboard: http://localhost:{port} (Ctrl-C stops the demo)", flush=True)
+    while not stop.wait(10):
+        print(progress_line(common.lake_root), flush=True)
+        failed = children.failed()
+        if failed:
+            print("demo stopped: " + "; ".join(failed), file=sys.stderr)
+            return 1
+        if args.duration and time.monotonic() - started >= args.duration:
+            break
+    children.stop("simulator")
+    drain(common.lake_root)
+    children.stop()
     from pipeline.settings import PipelineSettings
 
     checkpoints = load_settings(PipelineSettings).checkpoint_root
-    produced = messages_in_topic(status.bootstrap_servers, common.topic)
+    produced = messages_in_topic(bootstrap_servers, common.topic)
     print("\n" + summary(common.lake_root, produced, checkpoints))
     return 0

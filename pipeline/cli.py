@@ -10,6 +10,7 @@ import threading
 from types import FrameType
 
 from infra.logs import configure_logging
+from infra.processes import stop_signals
 from infra.settings import SparkSettings, load_settings
 from infra.spark import build_spark_session
 from pipeline import job
@@ -65,9 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("received %s: stopping after the current micro-batch", signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
-    pipeline = job.start(spark, settings)
-    log.info("pipeline running; Ctrl-C stops it cleanly")
-    job.run_until_stopped(pipeline, stop, on_status=lambda line: print(line, file=sys.stderr))
+    with stop_signals(request_stop):  # Ctrl-C, SIGTERM and a closed terminal
+        pipeline = job.start(spark, settings)
+        log.info("pipeline running; Ctrl-C stops it cleanly")
+        job.run_until_stopped(pipeline, stop, on_status=lambda line: print(line, file=sys.stderr))
     return 0

@@ -47,6 +47,7 @@ def demo_env(tmp_path: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.timeout(1200)
 def test_bounded_demo_detects_every_injected_scenario(
     demo_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -60,7 +61,7 @@ def test_bounded_demo_detects_every_injected_scenario(
             env=demo_env,
             capture_output=True,
             text=True,
-            timeout=1800,
+            timeout=1000,
             check=False,
         )
     finally:

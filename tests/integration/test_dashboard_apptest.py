@@ -239,7 +239,7 @@ def test_every_page_has_an_empty_state_on_an_empty_lake(
 # --- sign-in (IOT_DASH_AUTH_FILE) -------------------------------------------------------------
 
 PASSWORD = "correct horse battery"
-# What the sign-in page may contain: layout, its title and caption, the form, an error.
+# What the sign-in page may contain: layout, its title and caption, the form, an error, a note.
 SIGN_IN_ELEMENTS = {"SpecialBlock", "Block", "Column", "Title", "Caption", "TextInput", "Button"}
 
 
@@ -255,7 +255,7 @@ def assert_sign_in_form_only(at: AppTest) -> None:
     kinds = {type(element).__name__ for element in at.main} | {
         type(element).__name__ for element in at.sidebar
     }
-    assert kinds - {"Error"} <= SIGN_IN_ELEMENTS, kinds - SIGN_IN_ELEMENTS
+    assert kinds - {"Error", "Info"} <= SIGN_IN_ELEMENTS, kinds - SIGN_IN_ELEMENTS
     assert [t.label for t in at.text_input] == ["User name", "Password"]
     assert [b.label for b in at.button] == ["Sign in"]
     assert [t.value for t in at.title] == ["IoT fraud detection"]
@@ -329,6 +329,59 @@ def test_an_analyst_removed_from_the_user_file_is_signed_out(
     user_file(tmp_path, "ana")
     at.run()
     assert_sign_in_form_only(at)
+
+
+def test_an_idle_session_is_signed_out(
+    app_env: pytest.MonkeyPatch,
+    fixture_lake: FixtureLake,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    app_env.setenv("IOT_DASH_AUTH_FILE", str(user_file(tmp_path, "ana")))
+    app_env.setenv("IOT_DASH_SESSION_IDLE_MINUTES", "5")
+    caplog.set_level("INFO", logger="dashboard")
+    at = sign_in(AppTest.from_file(APP, default_timeout=TIMEOUT).run(), "ana", PASSWORD)
+    assert [t.value for t in at.title] == ["Overview"]
+    assert not at.info
+
+    # Time passes by moving the session's last activity back: 4 minutes idle, then a click.
+    at.session_state[login.ACTIVE_KEY] -= 4 * 60
+    at.switch_page("views/alerts.py").run()
+    assert [t.value for t in at.title] == ["Alerts"], "still signed in"
+    # The click counted as activity: 4 more idle minutes are within the 5 again.
+    at.session_state[login.ACTIVE_KEY] -= 4 * 60
+    at.run()
+    assert [t.value for t in at.title] == ["Alerts"]
+
+    at.session_state[login.ACTIVE_KEY] -= 5 * 60
+    at.run()
+    assert_sign_in_form_only(at)
+    assert [i.value for i in at.info] == [login.EXPIRED]
+    assert not at.sidebar.text, "no longer shown as signed in"
+    assert "analyst ana signed out after 5 minutes idle" in caplog.text
+
+    sign_in(at, "ana", PASSWORD)
+    assert [t.value for t in at.title] == ["Alerts"], "back on the page left"
+
+
+def test_failures_in_one_session_do_not_lock_the_analyst_out_of_another(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake, tmp_path: Path
+) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    app_env.setenv("IOT_DASH_AUTH_FILE", str(user_file(tmp_path, "kim")))
+    # On localhost the address is unknown, so each session counts as a client of its own.
+    guesser = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    for _ in range(auth.MAX_FAILURES):
+        sign_in(guesser, "kim", "a guess")
+        assert [e.value for e in guesser.error] == [login.FAILED]
+    sign_in(guesser, "kim", PASSWORD)
+    assert_sign_in_form_only(guesser)
+    assert [e.value for e in guesser.error] == [login.THROTTLED]
+
+    at = sign_in(AppTest.from_file(APP, default_timeout=TIMEOUT).run(), "kim", PASSWORD)
+    assert not at.exception
+    assert [t.value for t in at.title] == ["Overview"]
 
 
 def test_a_bad_user_file_shows_no_data(

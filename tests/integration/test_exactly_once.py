@@ -58,6 +58,7 @@ def snapshot(spark: Any, lake_root: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+@pytest.mark.timeout(900)
 def test_sigkill_and_restart_give_the_same_tables(
     spark: Any, bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:

@@ -40,6 +40,7 @@ WINDOWING = {"IOT_PIPELINE_WINDOW": "10 minutes", "IOT_PIPELINE_SLIDE": "5 minut
              "IOT_PIPELINE_DEDUP_HORIZON": "3 hours"}  # fmt: skip
 
 
+@pytest.mark.timeout(1500)
 def test_five_sigkills_while_the_simulator_streams_change_nothing(
     spark: Any, bootstrap: str, tmp_path: Path
 ) -> None:

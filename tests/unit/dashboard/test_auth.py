@@ -125,24 +125,130 @@ class FakeClock:
         return self.now
 
 
-def test_throttle_blocks_a_name_after_repeated_failures_for_a_while() -> None:
+def fail(throttle: auth.LoginThrottle, client: str, name: str, times: int = 1) -> None:
+    """``times`` failed sign-ins that the throttle lets through."""
+    for _ in range(times):
+        assert throttle.attempt(client, name) is None
+
+
+def test_throttle_refuses_a_client_with_a_name_after_repeated_failures_for_a_while() -> None:
     clock = FakeClock()
     throttle = auth.LoginThrottle(max_failures=3, window_s=60, clock=clock)
-    for _ in range(3):
-        assert not throttle.blocked("ana")
-        throttle.failed("ana")
-    assert throttle.blocked("ana")
-    assert not throttle.blocked("kim"), "other names are not affected"
+    fail(throttle, "10.0.0.1", "ana", times=3)
+    assert throttle.attempt("10.0.0.1", "ana") == "client and name"
+    assert throttle.attempt("10.0.0.1", "kim") is None, "other names are not affected"
     clock.now += 61
-    assert not throttle.blocked("ana"), "failures age out of the window"
+    assert throttle.attempt("10.0.0.1", "ana") is None, "failures age out of the window"
 
 
-def test_throttle_treats_unknown_names_alike_and_forgets_after_success() -> None:
-    throttle = auth.LoginThrottle(max_failures=2, window_s=60, clock=FakeClock())
-    throttle.failed("nobody")
-    throttle.failed("nobody")
-    assert throttle.blocked("nobody")
-    throttle.failed("ana")
-    throttle.succeeded("ana")
-    throttle.failed("ana")
-    assert not throttle.blocked("ana")
+def test_one_client_cannot_lock_a_name_out_for_everyone() -> None:
+    throttle = auth.LoginThrottle(max_failures=3, name_max_failures=10, clock=FakeClock())
+    fail(throttle, "10.0.0.66", "ana", times=3)
+    # Refused attempts are not checked, so they add nothing to the name's count.
+    for _ in range(50):
+        assert throttle.attempt("10.0.0.66", "ana") == "client and name"
+    assert throttle.attempt("10.0.0.1", "ana") is None, "the analyst at their own client"
+
+
+def test_spraying_one_client_over_many_names_is_refused() -> None:
+    clock = FakeClock()
+    throttle = auth.LoginThrottle(client_max_failures=4, window_s=60, clock=clock)
+    for name in ("ana", "kim", "bob", "eve"):
+        fail(throttle, "10.0.0.66", name)
+    assert throttle.attempt("10.0.0.66", "zoe") == "client"
+    assert throttle.attempt("10.0.0.66", "ana") == "client"
+    assert throttle.attempt("10.0.0.1", "zoe") is None, "other clients are not affected"
+    clock.now += 61
+    assert throttle.attempt("10.0.0.66", "zoe") is None
+
+
+def test_failures_at_one_name_from_many_clients_lock_that_name() -> None:
+    throttle = auth.LoginThrottle(max_failures=2, name_max_failures=6, clock=FakeClock())
+    for client in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):
+        fail(throttle, client, "ana", times=2)
+    assert throttle.attempt("10.0.0.4", "ana") == "name"
+    assert throttle.attempt("10.0.0.4", "kim") is None
+
+
+def test_failures_everywhere_lock_every_sign_in_until_the_window_passes() -> None:
+    clock = FakeClock()
+    throttle = auth.LoginThrottle(
+        client_max_failures=3, global_max_failures=9, window_s=60, clock=clock
+    )
+    for client in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):
+        for name in ("ana", "kim", "bob"):
+            fail(throttle, client, name)
+    assert throttle.attempt("10.0.0.4", "zoe") == "all"
+    clock.now += 61
+    assert throttle.attempt("10.0.0.4", "zoe") is None
+
+
+def test_success_forgets_its_client_and_name_only() -> None:
+    throttle = auth.LoginThrottle(
+        max_failures=3, client_max_failures=5, name_max_failures=6, clock=FakeClock()
+    )
+    fail(throttle, "10.0.0.1", "ana", times=2)
+    fail(throttle, "10.0.0.1", "kim", times=2)
+    fail(throttle, "10.0.0.2", "ana", times=3)
+    assert throttle.attempt("10.0.0.1", "ana") is None
+    throttle.succeeded("10.0.0.1", "ana")
+    # The analyst's own mistakes are forgotten...
+    fail(throttle, "10.0.0.1", "ana")
+    # ...but not the client's failures with other names (its 5th is the one just made)...
+    assert throttle.attempt("10.0.0.1", "bob") == "client"
+    # ...nor the name's, other clients' among them (6 now).
+    assert throttle.attempt("10.0.0.3", "ana") == "name"
+
+
+def test_a_sign_in_counts_as_failed_until_it_succeeds() -> None:
+    throttle = auth.LoginThrottle(max_failures=2, clock=FakeClock())
+    # Two checks under way side by side from one client: a third must wait for them.
+    assert throttle.attempt("10.0.0.1", "ana") is None
+    assert throttle.attempt("10.0.0.1", "ana") is None
+    assert throttle.attempt("10.0.0.1", "ana") == "client and name"
+    throttle.succeeded("10.0.0.1", "ana")
+    assert throttle.attempt("10.0.0.1", "ana") is None
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"max_failures": 5, "name_max_failures": 5},
+        {"client_max_failures": 20, "global_max_failures": 20},
+    ],
+)
+def test_limits_that_let_one_client_lock_others_out_are_refused(limits: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match="must be below"):
+        auth.LoginThrottle(**limits)
+
+
+@pytest.mark.parametrize(
+    ("address", "key"),
+    [
+        ("203.0.113.7", "203.0.113.7"),
+        ("2001:db8:1:2:a:b:c:d", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2::ffff", "2001:db8:1:2::/64"),
+        ("::ffff:203.0.113.7", "203.0.113.7"),
+        (None, "session s1"),
+    ],
+)
+def test_client_key_is_the_address_its_ipv6_network_or_the_session(
+    address: str | None, key: str
+) -> None:
+    assert auth.client_key(address, "s1") == key
+
+
+@pytest.mark.parametrize(
+    ("last_active", "now", "expired"),
+    [
+        (1000.0, 1000.0, False),
+        (1000.0, 1000.0 + 1799, False),
+        (1000.0, 1000.0 + 1800, True),
+        (1000.0, 1000.0 + 86_400, True),
+        (None, 1000.0, True),
+    ],
+)
+def test_a_session_expires_after_the_idle_time(
+    last_active: float | None, now: float, expired: bool
+) -> None:
+    assert auth.idle_expired(last_active, now, idle_timeout_s=1800) is expired

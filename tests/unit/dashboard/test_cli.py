@@ -38,13 +38,38 @@ def test_empty_tracking_uri_means_the_local_store(monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("IOT_DASH_PORT", "0"), ("IOT_DASH_REFRESH_SECONDS", "x"), ("IOT_DASH_MAP_STYLE", "mapbox")],
+    [
+        ("IOT_DASH_PORT", "0"),
+        ("IOT_DASH_REFRESH_SECONDS", "x"),
+        ("IOT_DASH_MAP_STYLE", "mapbox"),
+        ("IOT_DASH_SESSION_IDLE_MINUTES", "0"),
+        ("IOT_DASH_SESSION_IDLE_MINUTES", "inf"),
+        ("IOT_DASH_SESSION_IDLE_MINUTES", "half an hour"),
+        ("IOT_DASH_SIGN_IN_GLOBAL_MAX_FAILURES", "x"),
+    ],
 )
 def test_bad_settings_name_the_variable(
     monkeypatch: pytest.MonkeyPatch, variable: str, value: str
 ) -> None:
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError, match=variable):
+        load_settings(DashboardSettings)
+
+
+def test_sessions_expire_and_sign_ins_are_capped_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("IOT_DASH_SESSION_IDLE_MINUTES", raising=False)
+    monkeypatch.delenv("IOT_DASH_SIGN_IN_GLOBAL_MAX_FAILURES", raising=False)
+    settings = load_settings(DashboardSettings)
+    assert (settings.session_idle_minutes, settings.sign_in_global_max_failures) == (30.0, 100)
+    monkeypatch.setenv("IOT_DASH_SESSION_IDLE_MINUTES", "480")
+    assert load_settings(DashboardSettings).session_idle_minutes == 480.0
+
+
+def test_a_global_cap_one_client_could_reach_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IOT_DASH_SIGN_IN_GLOBAL_MAX_FAILURES", str(auth.CLIENT_MAX_FAILURES))
+    with pytest.raises(ConfigError, match=r"IOT_DASH_SIGN_IN_GLOBAL_MAX_FAILURES: .*more than 20"):
         load_settings(DashboardSettings)
 
 
@@ -67,14 +92,26 @@ def test_server_command_and_environment(monkeypatch: pytest.MonkeyPatch) -> None
     assert load_settings(DashboardSettings) == settings
 
 
+class ExitedServer:
+    """Stands in for the Streamlit server process: it has already exited with 0."""
+
+    returncode = 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+    def poll(self) -> int:
+        return 0
+
+
 def test_main_runs_streamlit_with_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[list[str], dict[str, str]]] = []
 
-    def fake_call(command: list[str], env: dict[str, str]) -> int:
+    def fake_start(command: list[str], env: dict[str, str]) -> ExitedServer:
         calls.append((command, env))
-        return 0
+        return ExitedServer()
 
-    monkeypatch.setattr("subprocess.call", fake_call)
+    monkeypatch.setattr("infra.processes.start_child", fake_start)
     assert cli.main(["--port", "8123", "--lake-root", "/x/lake"]) == 0
     command, env = calls[0]
     assert command[command.index("--server.port") + 1] == "8123"
@@ -126,7 +163,7 @@ def test_a_bad_user_file_stops_the_dashboard_at_start(
     if content is not None:
         path.write_text(content)
     monkeypatch.setenv("IOT_DASH_AUTH_FILE", str(path))
-    monkeypatch.setattr("subprocess.call", lambda *a, **k: pytest.fail("server started"))
+    monkeypatch.setattr("infra.processes.start_child", lambda *a: pytest.fail("server started"))
     assert cli.main([]) == 2
     err = capsys.readouterr().err
     assert "IOT_DASH_AUTH_FILE" in err
@@ -153,7 +190,7 @@ def test_listening_beyond_loopback_without_sign_in_is_warned_about(
     warned: bool,
 ) -> None:
     monkeypatch.setenv("IOT_DASH_AUTH_FILE", str(user_file) if signed_in else "")
-    monkeypatch.setattr("subprocess.call", lambda *a, **k: 0)
+    monkeypatch.setattr("infra.processes.start_child", lambda *a: ExitedServer())
     monkeypatch.setattr(cli, "configure_logging", lambda verbose: None)
     with caplog.at_level("INFO", logger="dashboard.cli"):
         assert cli.main(["--address", address]) == 0

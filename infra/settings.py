@@ -77,6 +77,18 @@ class CommonSettings(BaseSettings):
         validation_alias="IOT_KAFKA_SASL_PASSWORD_FILE",
         description="File holding the SASL password (a mounted secret), read at start",
     )
+    model_signing_key: SecretStr | None = Field(
+        default=None,
+        validation_alias="IOT_MODEL_SIGNING_KEY",
+        description="Key that signs registered models (iotfraud train) and that the pipeline "
+        "checks before loading one; empty = a plain SHA-256 digest (README: Model trust); "
+        "prefer IOT_MODEL_SIGNING_KEY_FILE",
+    )
+    model_signing_key_file: Path | None = Field(
+        default=None,
+        validation_alias="IOT_MODEL_SIGNING_KEY_FILE",
+        description="File holding the model signing key (a mounted secret), read at start",
+    )
     kafka_ssl_ca_location: str = Field(
         default="",
         validation_alias="IOT_KAFKA_SSL_CA_LOCATION",
@@ -89,7 +101,10 @@ class CommonSettings(BaseSettings):
     def _upper(cls, value: Any) -> Any:
         return value.strip().upper() if isinstance(value, str) else value
 
-    @field_validator("kafka_sasl_password", "kafka_sasl_password_file", mode="before")
+    @field_validator(
+        "kafka_sasl_password", "kafka_sasl_password_file", "model_signing_key",
+        "model_signing_key_file", mode="before",
+    )  # fmt: skip
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         return None if value == "" else value
@@ -103,6 +118,13 @@ class CommonSettings(BaseSettings):
                 )
             secret = read_secret_file(self.kafka_sasl_password_file, "IOT_KAFKA_SASL_PASSWORD_FILE")
             self.kafka_sasl_password = SecretStr(secret)
+        if self.model_signing_key_file is not None:
+            if self.model_signing_key:
+                raise ValueError(
+                    "set IOT_MODEL_SIGNING_KEY or IOT_MODEL_SIGNING_KEY_FILE, not both"
+                )
+            key = read_secret_file(self.model_signing_key_file, "IOT_MODEL_SIGNING_KEY_FILE")
+            self.model_signing_key = SecretStr(key)
         if self.kafka_security_protocol == "SASL_SSL" and not (
             self.kafka_sasl_username and self.kafka_sasl_password
         ):
@@ -111,6 +133,10 @@ class CommonSettings(BaseSettings):
                 "IOT_KAFKA_SASL_PASSWORD_FILE (or IOT_KAFKA_SASL_PASSWORD)"
             )
         return self
+
+    def signing_key(self) -> str | None:
+        """The model signing key, or None for plain digests."""
+        return self.model_signing_key.get_secret_value() if self.model_signing_key else None
 
 
 def read_secret_file(path: Path, variable: str) -> str:

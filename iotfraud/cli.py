@@ -30,7 +30,11 @@ COMMANDS: dict[str, tuple[str, list[str], str]] = {
     "pipeline": ("pipeline.cli", [], "the Spark Structured Streaming job"),
     "maintain": ("pipeline.cli", ["maintain"], "compact and VACUUM the lake's tables"),
     "train": ("models.cli", ["train"], "train the detector on simulated history; register it"),
-    "models": ("models.cli", ["models"], "registered models: list | promote VERSION | rollback"),
+    "models": (
+        "models.cli",
+        ["models"],
+        "registered models: list | promote VERSION | rollback | sign VERSION",
+    ),
     "eval": ("models.cli", ["eval"], "score the live alerts against the ground truth"),
     "dashboard": ("dashboard.cli", [], "the Streamlit dashboard"),
     "sql": ("iotfraud.sql", [], 'Spark SQL over the lake\'s tables: iotfraud sql "SELECT ..."'),

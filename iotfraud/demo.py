@@ -21,6 +21,7 @@ from typing import Any
 
 from infra import lake, stack
 from infra.logs import configure_logging
+from infra.model_trust import DIGEST_TAG
 from infra.processes import Children, Stopped, run_child, stop_signals
 from infra.settings import CommonSettings, StackSettings, load_settings
 from simulator.producer import ensure_topic
@@ -99,13 +100,17 @@ def ensure_model(env: dict[str, str], devices: int, hours: float) -> None:
 
     settings = load_settings(ModelSettings)
     uri = tracking_uri(settings.mlflow_tracking_uri)
-    champion = registry.alias_version(registry.client(uri), settings.name, registry.CHAMPION)
-    if champion is not None and registry.compares_with_own_normal(uri, settings.name, champion):
+    mlflow_client = registry.client(uri)
+    champion = registry.alias_version(mlflow_client, settings.name, registry.CHAMPION)
+    if champion is None:
+        why = "no champion yet"
+    elif not registry.compares_with_own_normal(uri, settings.name, champion):
+        why = (f"champion v{champion} was trained by an earlier release (absolute statistics "
+               "per device type)")  # fmt: skip
+    elif not mlflow_client.get_model_version(settings.name, champion).tags.get(DIGEST_TAG):
+        why = f"champion v{champion} has no recorded digest, so the pipeline would not load it"
+    else:
         return
-    why = "no champion yet" if champion is None else (
-        f"champion v{champion} was trained by an earlier release (absolute statistics per "
-        "device type)"
-    )  # fmt: skip
     print(
         f"{settings.name}: {why}: training a first model on {hours:g} simulated hours "
         f"of {devices} devices (a few minutes; `iotfraud train` trains a bigger one)",

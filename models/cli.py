@@ -33,12 +33,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--hours", type=float, help="simulated hours to train on")
     train.add_argument("--holdout-hours", type=float, help="simulated hours held out")
     train.add_argument("--seed", type=int, help="seed of the training fleet")
-    models = sub.add_parser("models", help="list | promote VERSION | rollback")
+    models = sub.add_parser("models", help="list | promote VERSION | rollback | sign VERSION")
     action = models.add_subparsers(dest="action", required=True)
     action.add_parser("list", help="versions with their aliases and held-out scores")
     promote = action.add_parser("promote", help="make VERSION the champion")
     promote.add_argument("version")
     action.add_parser("rollback", help="make the previous champion the champion again")
+    sign = action.add_parser(
+        "sign",
+        help="record the digest of VERSION's files, so that the pipeline loads it",
+        description="For a version registered without `iotfraud train`: loading a model runs its "
+        "code, so the pipeline loads only versions whose files match a recorded digest (signed "
+        "with IOT_MODEL_SIGNING_KEY when set). Check the files first.",
+    )
+    sign.add_argument("version")
     sub.add_parser("eval", help="score the live alerts against ground_truth; write evaluation")
     return parser
 
@@ -79,6 +87,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_models(args: argparse.Namespace) -> int:
+    from infra.model_trust import sign_version
     from models import registry
     from models.settings import ModelSettings
 
@@ -89,6 +98,10 @@ def run_models(args: argparse.Namespace) -> int:
         if args.action == "promote":
             old = registry.promote(client, name, args.version)
             print(f"{name}: champion is version {args.version} (was {old or 'none'})")
+        elif args.action == "sign":
+            registry.check_version(client, name, args.version)
+            digest = sign_version(client, name, args.version, settings.signing_key())
+            print(f"{name}: version {args.version} signed ({digest.split(':')[0]})")
         elif args.action == "rollback":
             back, demoted = registry.rollback(client, name)
             print(f"{name}: champion is version {back} again (version {demoted} is previous)")

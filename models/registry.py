@@ -63,7 +63,7 @@ def compares_with_own_normal(tracking_uri: str, name: str, version: str) -> bool
     return bool(inputs) and inputs <= set(RELATIVE_FEATURES)
 
 
-def _check_version(mlflow_client: Any, name: str, version: str) -> None:
+def check_version(mlflow_client: Any, name: str, version: str) -> None:
     from mlflow.exceptions import MlflowException
 
     try:
@@ -74,7 +74,7 @@ def _check_version(mlflow_client: Any, name: str, version: str) -> None:
 
 def promote(mlflow_client: Any, name: str, version: str) -> str | None:
     """Point ``champion`` at ``version``; the old champion becomes ``previous``. Returns it."""
-    _check_version(mlflow_client, name, version)
+    check_version(mlflow_client, name, version)
     old = alias_version(mlflow_client, name, CHAMPION)
     if old == version:
         return old
@@ -88,7 +88,7 @@ def promote(mlflow_client: Any, name: str, version: str) -> str | None:
 
 
 def make_challenger(mlflow_client: Any, name: str, version: str) -> None:
-    _check_version(mlflow_client, name, version)
+    check_version(mlflow_client, name, version)
     mlflow_client.set_registered_model_alias(name, CHALLENGER, version)
     log.info("%s: version %s is the challenger", name, version)
 

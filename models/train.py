@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 
 from infra import contract as c
 from infra.mlflow_store import artifact_root_for, ensure_experiment
+from infra.model_trust import UntrustedModelError, load_trusted, sign_version
 from models import registry
 from models.dataset import ALERT_COLUMNS, History, simulated_history
 from models.detector import MODEL_SCENARIOS, Detector, choose_threshold, fit
@@ -143,10 +144,12 @@ def fit_detector(history: History, settings: ModelSettings) -> tuple[Detector, n
     return detector, validation
 
 
-def champion_score(tracking_uri: str, name: str, holdout: History) -> registry.Score | None:
+def champion_score(
+    tracking_uri: str, name: str, holdout: History, key: str | None
+) -> registry.Score | None:
     """The current champion scored on ``holdout`` with its own threshold; None when there is no
-    champion or it cannot score these windows (registered by a release with other features)."""
-    import mlflow
+    champion, its files do not match their recorded digest (``key`` as in the pipeline), or it
+    cannot score these windows (registered by a release with other features)."""
 
     version = registry.alias_version(registry.client(tracking_uri), name, registry.CHAMPION)
     if version is None:
@@ -157,7 +160,12 @@ def champion_score(tracking_uri: str, name: str, holdout: History) -> registry.S
         log.warning("champion %s scores absolute window statistics (an earlier release): it "
                     "does not count against the candidate", uri)  # fmt: skip
         return None
-    model = mlflow.pyfunc.load_model(uri)
+    try:
+        model = load_trusted(registry.client(tracking_uri), name, version, key)
+    except UntrustedModelError as error:
+        log.warning("champion %s is not loaded: %s. It does not count against the candidate",
+                    uri, error)  # fmt: skip
+        return None
     threshold = float((model.metadata.metadata or {}).get("threshold", c.MODEL_ALERT_THRESHOLD))
     schema = model.metadata.get_input_schema()
     numbers = {spec.name: "float64" for spec in schema.inputs if spec.type.name == "double"}
@@ -202,7 +210,7 @@ def train(spark: SparkSession, settings: ModelSettings, tracking_uri: str, *, wi
     scores = holdout_scores(detector, holdout)
     report, metrics = holdout_report(holdout, scores, c.MODEL_ALERT_THRESHOLD)
     score = registry.Score(metrics["holdout_model_f1"], metrics["holdout_model_pr_auc"])
-    champion = champion_score(tracking_uri, settings.name, holdout)
+    champion = champion_score(tracking_uri, settings.name, holdout, settings.signing_key())
 
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(tracking_uri)
@@ -238,6 +246,8 @@ def train(spark: SparkSession, settings: ModelSettings, tracking_uri: str, *, wi
             ).version
         )
     mlflow_client = registry.client(tracking_uri)
+    # The pipeline loads only versions whose files match this digest.
+    sign_version(mlflow_client, settings.name, version, settings.signing_key())
     promoted = registry.beats(score, champion)
     if promoted:
         registry.promote(mlflow_client, settings.name, version)

@@ -118,7 +118,8 @@ def model_scorer(settings: PipelineSettings) -> ModelScorer:
     from infra.settings import StackSettings
 
     uri = settings.mlflow_tracking_uri or local_tracking_uri(StackSettings().state_dir)
-    return ModelScorer(uri, settings.model_name, settings.model_alias)
+    return ModelScorer(uri, settings.model_name, settings.model_alias,
+                       signing_key=settings.signing_key())  # fmt: skip
 
 
 @dataclass

@@ -17,6 +17,7 @@ import pandas as pd
 
 from infra import contract as c
 from infra.mlflow_store import sqlite_store_path
+from infra.model_trust import DIGEST_TAG, UntrustedModelError, load_trusted
 from pipeline.alerts import alert_frame, empty_alerts
 from pipeline.profiles import Z_FEATURES
 
@@ -49,35 +50,42 @@ class UnusableModelError(Exception):
 class ModelScorer:
     """Follows ``models:/<name>@<alias>``; ``current`` returns the model to score with, or None.
 
-    A version is trusted only after two checks on the driver: the windows have every input of
-    its signature, and it scores its own input example. One that fails is logged once and
-    skipped (rules only) until the alias moves: a bad registration must not stop the alerts.
-    Nor must the registry: one that cannot be read (a server down, a broken store) means rules
-    only until it answers, asked again at every batch. A local SQLite store that does not exist
-    holds no model and is not created here: the first ``iotfraud train`` creates it, so a
-    pipeline killed at start-up can never leave it half-initialised.
+    A version is loaded only if its files match the digest recorded when it was registered
+    (``infra.model_trust``: loading runs code), and used only after two checks on the driver:
+    the windows have every input of its signature, and it scores its own input example. One that
+    fails is logged once and skipped (rules only) until the alias moves: a bad registration must
+    not stop the alerts. Nor must the registry: one that cannot be read (a server down, a broken
+    store) means rules only until it answers, asked again at every batch. A local SQLite store
+    that does not exist holds no model and is not created here: the first ``iotfraud train``
+    creates it, so a pipeline killed at start-up can never leave it half-initialised.
     """
 
-    def __init__(self, tracking_uri: str, name: str, alias: str = "champion") -> None:
+    def __init__(
+        self, tracking_uri: str, name: str, alias: str = "champion", *,
+        signing_key: str | None = None,
+    ) -> None:  # fmt: skip
         self.tracking_uri = tracking_uri
+        self.signing_key = signing_key
         self.name = name
         self.alias = alias
         self._loaded: LoadedModel | None = None
         self._said: str | None = None  # why the last batch ran rules only, logged once
-        self._unusable: set[str] = set()
+        self._unusable: set[tuple[str, str | None]] = set()  # (version, its digest tag)
         self._client: Any = None
 
     def current(self, columns: Collection[str]) -> LoadedModel | None:
         """The model for a batch whose windows have ``columns``; None means rules only."""
-        version = self._champion_version()
-        if version is None:
+        champion = self._champion_version()
+        if champion is None:
             self._loaded = None
             return None
+        version, digest = champion
         self._said = None
         if self._loaded is not None and self._loaded.version == version:
             return self._loaded
         self._loaded = None
-        if version in self._unusable:
+        # Tried again once the version is signed anew (`iotfraud models sign`), or the alias moves.
+        if (version, digest) in self._unusable:
             return None
         try:
             self._loaded = self._load(version, columns)
@@ -87,11 +95,12 @@ class ModelScorer:
                 "until the alias moves; retrain with `iotfraud train`.",
                 self.name, version, self.alias, error,
             )  # fmt: skip
-            self._unusable.add(version)
+            self._unusable.add((version, digest))
         return self._loaded
 
-    def _champion_version(self) -> str | None:
-        """The version the alias points to; None when there is none or the registry fails."""
+    def _champion_version(self) -> tuple[str, str | None] | None:
+        """The version the alias points to and its recorded digest; None when there is none or
+        the registry fails."""
         import mlflow
         from mlflow.exceptions import MlflowException
 
@@ -106,7 +115,8 @@ class ModelScorer:
                 self._client = mlflow.MlflowClient(
                     self.tracking_uri, registry_uri=self.tracking_uri
                 )
-            return str(self._client.get_model_version_by_alias(self.name, self.alias).version)
+            champion = self._client.get_model_version_by_alias(self.name, self.alias)
+            return str(champion.version), champion.tags.get(DIGEST_TAG)
         except MlflowException as error:
             if error.error_code in _NOT_REGISTERED:
                 self._rules_only("missing", "no model registered as %s@%s: running rules only",
@@ -140,7 +150,10 @@ class ModelScorer:
         missing = [name for name, _ in inputs if name not in columns]
         if missing:
             raise UnusableModelError(f"the windows lack its inputs {missing}")
-        driver_model = mlflow.pyfunc.load_model(uri)
+        try:
+            driver_model = load_trusted(self._client, self.name, version, self.signing_key)
+        except UntrustedModelError as error:
+            raise UnusableModelError(str(error)) from None
         if driver_model.input_example is not None:
             try:
                 driver_model.predict(driver_model.input_example)

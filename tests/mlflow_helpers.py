@@ -12,10 +12,18 @@ import pandas as pd
 MODEL = "iot-fraud-test"
 
 
-def register_model(tracking_uri: str, tmp_path: Path, model: Any, example: Any) -> str:
-    """Log ``model`` (a PythonModel) with a signature and ``example``; make it the champion."""
+def register_model(
+    tracking_uri: str, tmp_path: Path, model: Any, example: Any, *, sign: bool = True,
+    key: str | None = None,
+) -> str:  # fmt: skip
+    """Log ``model`` (a PythonModel) with a signature and ``example``; make it the champion.
+
+    ``sign`` records the digest of its files (with ``key``), as ``iotfraud models sign`` does:
+    the pipeline loads no version without one."""
     import mlflow
     from mlflow.models import infer_signature
+
+    from infra.model_trust import sign_version
 
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(tracking_uri)
@@ -34,6 +42,8 @@ def register_model(tracking_uri: str, tmp_path: Path, model: Any, example: Any) 
             metadata={"threshold": 0.5},
         )
     version = str(info.registered_model_version)
+    if sign:
+        sign_version(client, MODEL, version, key)
     client.set_registered_model_alias(MODEL, "champion", version)
     return version
 

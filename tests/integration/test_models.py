@@ -129,7 +129,7 @@ def test_a_champion_that_cannot_score_the_current_features_does_not_block_promot
     holdout = History(relative.assign(label=["clean", "clean"], scorable=[True, True]),
                       truth=pd.DataFrame(), rule_alerts=pd.DataFrame())  # fmt: skip
 
-    assert champion_score(uri, NAME, holdout) is None  # so any candidate beats it
+    assert champion_score(uri, NAME, holdout, None) is None  # so any candidate beats it
     assert "cannot score the current features" in caplog.text and "power_w_slope" in caplog.text
 
 
@@ -141,5 +141,20 @@ def test_a_champion_of_an_earlier_release_does_not_count_against_a_candidate(
     holdout = History(BUSY_EXAMPLE.assign(label=["clean", "clean"], scorable=[True, True]),
                       truth=pd.DataFrame(), rule_alerts=pd.DataFrame())  # fmt: skip
 
-    assert champion_score(uri, NAME, holdout) is None
+    assert champion_score(uri, NAME, holdout, None) is None
     assert "an earlier release" in caplog.text
+
+
+def test_an_unsigned_champion_is_not_loaded_by_training_and_does_not_count(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    relative = pd.DataFrame({name: [0.1, -0.2] for name in RELATIVE_FEATURES})
+    # Broken() raises when it scores: loaded, it would say "cannot score" instead.
+    register_model(uri, tmp_path, Broken(), relative, sign=False)
+    holdout = History(relative.assign(label=["clean", "clean"], scorable=[True, True]),
+                      truth=pd.DataFrame(), rule_alerts=pd.DataFrame())  # fmt: skip
+
+    assert champion_score(uri, NAME, holdout, None) is None
+    assert "is not loaded" in caplog.text and "iotfraud.artifact_digest" in caplog.text
+    assert "cannot score" not in caplog.text

@@ -7,7 +7,13 @@ hashes (of the event, of its Kafka coordinates) and its Kafka timestamp, which a
 dedup horizon (held in memory, loaded from ``telemetry`` when the query starts). Only the rows it
 calls copies, usually none, go back to Spark. The decision depends only on the batch and on what
 earlier batches kept, so a batch replayed after a crash decides the same; the appends carry
-(txnAppId, txnVersion=batch_id) so Delta commits each of them once.
+(txnAppId, txnVersion=batch_id), the txnAppId named after the query's checkpoint, so Delta
+commits each of them once.
+
+A message the lake already holds is not written again, whatever the checkpoint says
+(``WrittenOffsets``): a query started under a new checkpoint (the old one deleted) reads the
+topic again from its starting offsets and numbers its batches from 0, so neither its batch ids
+nor its dedup state, which spans only the horizon, could tell those messages apart.
 """
 
 from __future__ import annotations
@@ -22,9 +28,9 @@ from pyspark.sql import functions as F
 from infra import contract as c
 from infra import lake
 from pipeline import columns as col
-from pipeline.dedup import Int64s, SeenEvents
+from pipeline.dedup import Bools, Int64s, SeenEvents
 from pipeline.settings import seconds
-from pipeline.sinks import idempotent_append, side_by_side
+from pipeline.sinks import checkpoint_id, idempotent_append, side_by_side
 from pipeline.transforms import event_key, quarantined, valid_events
 
 log = logging.getLogger(__name__)
@@ -35,6 +41,48 @@ _ROW = "_row"  # a row's place in the materialised batch: unique within it, unli
 def coord_key(topic: Column, partition: Column, offset: Column) -> Column:
     """The 64-bit hash of a message's source coordinates (the same types in batch and table)."""
     return F.xxhash64(topic.cast("string"), partition.cast("int"), offset.cast("long"))
+
+
+@dataclass(frozen=True)
+class WrittenOffsets:
+    """Per Kafka (topic, partition), the highest offset a bronze table held when the ingest
+    started. A batch covers a range of offsets per partition and each append is atomic, so a
+    message at or below it is in the table already (for ``telemetry``: it was new, or a copy in
+    ``quarantine``).
+
+    An entry is forgotten once a batch goes past it: from then on nothing is below it.
+    """
+
+    highest: dict[tuple[str, int], int]
+
+    @classmethod
+    def load(cls, spark: SparkSession, path: str, since_us: int | None) -> WrittenOffsets:
+        """From the table at ``path``; only its rows that reached Kafka at or after ``since_us``
+        when given (a checkpoint that continues replays recent batches only)."""
+        table = spark.read.format("delta").load(path)
+        topic, partition, offset = (F.col(name) for name in col.BRONZE_COORDS)
+        if since_us is not None:
+            table = table.where(F.col("kafka_timestamp") >= F.timestamp_micros(F.lit(since_us)))
+        rows = (
+            table.where(partition >= 0)  # files have no offsets (partition -1)
+            .groupBy(topic, partition)
+            .agg(F.max(offset).alias("highest"))
+            .collect()
+        )
+        return cls({(r[0], int(r[1])): int(r.highest) for r in rows})
+
+    def written(self, topics: np.ndarray, partitions: Int64s, offsets: Int64s) -> Bools:
+        """True for the messages the table holds already; forgets the partitions the batch
+        has gone past."""
+        held = np.zeros(len(offsets), dtype=bool)
+        for (topic, partition), highest in list(self.highest.items()):
+            mine = (topics == topic) & (partitions == partition)
+            if not mine.any():
+                continue
+            held |= mine & (offsets <= highest)
+            if offsets[mine].min() > highest:
+                del self.highest[(topic, partition)]
+        return held
 
 
 @dataclass
@@ -59,9 +107,18 @@ class IngestBatchWriter:
     lake_root: str
     app_id: str
     dedup_horizon: str = "10 minutes"
+    # The query's checkpoint: its id goes into the appends' txnAppId (see ``checkpoint_id``).
+    checkpoint: str | None = None
     seen: SeenEvents | None = field(default=None, repr=False)
+    # What telemetry and quarantine held at start, loaded at the first batch.
+    held: tuple[WrittenOffsets, WrittenOffsets] | None = field(default=None, repr=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession
+        telemetry_path = lake.table_path(self.lake_root, lake.TELEMETRY)
+        quarantine_path = lake.table_path(self.lake_root, lake.QUARANTINE)
+        if self.held is None:
+            self.start(spark, new_checkpoint=batch_id == 0)
         marked = self.mark_new_events(batch)
         new_events = valid_events(marked.rows.where(F.col("is_new")))
         duplicates = marked.rows.where(F.col("reason").isNull() & ~F.col("is_new")).withColumns(
@@ -71,8 +128,6 @@ class IngestBatchWriter:
             }
         )
         rejected = quarantined(marked.rows).unionByName(quarantined(duplicates))
-        telemetry_path = lake.table_path(self.lake_root, lake.TELEMETRY)
-        quarantine_path = lake.table_path(self.lake_root, lake.QUARANTINE)
         side_by_side(
             lambda: idempotent_append(new_events, telemetry_path, f"{self.app_id}-telemetry",
                                       batch_id, rows=marked.new),
@@ -80,7 +135,19 @@ class IngestBatchWriter:
                                       batch_id, rows=marked.rejected),
         )  # fmt: skip
         # Only once both are committed: a batch that failed is decided again from the same state.
-        self.state(batch.sparkSession).add(*marked.kept, marked.times)
+        self.state(spark).add(*marked.kept, marked.times)
+
+    def start(self, spark: SparkSession, *, new_checkpoint: bool) -> None:
+        """Name the appends after the checkpoint and read what the tables hold: all of it under
+        a new checkpoint, else what arrived within the horizon (the batches a restart replays)."""
+        if self.checkpoint:
+            self.app_id = f"{self.app_id}-{checkpoint_id(spark, self.checkpoint)}"
+        state = self.state(spark)
+        since = None if new_checkpoint or state.newest is None else state.newest - state.horizon_us
+        self.held = (
+            WrittenOffsets.load(spark, lake.table_path(self.lake_root, lake.TELEMETRY), since),
+            WrittenOffsets.load(spark, lake.table_path(self.lake_root, lake.QUARANTINE), since),
+        )
 
     def state(self, spark: SparkSession) -> SeenEvents:
         """The events kept within the horizon; loaded from ``telemetry`` at the first batch."""
@@ -124,22 +191,58 @@ class IngestBatchWriter:
         rank = np.empty(len(rows), dtype=np.int64)
         rank[np.lexsort((rows, offset, partition, topic))] = np.arange(len(rows))
         is_new = self.state(spark).decide(key, times, coord, rank)
-        copies = rows[~is_new]
+        topics = keys.column("topic").to_numpy(zero_copy_only=False)
+        held, held_invalid = self.held_rows(batch, topics, partition, offset, is_new)
+        fates = [(int(r), "copy") for r in rows[~is_new & ~held]]
+        fates += [(int(r), "held") for r in np.concatenate([rows[held], held_invalid])]
         valid = F.col(col.REASON).isNull()
-        if len(copies):
-            copy_rows = spark.createDataFrame([(int(r), True) for r in copies],
-                                              f"{_ROW} long, _copy boolean")  # fmt: skip
-            batch = batch.join(F.broadcast(copy_rows), _ROW, "left")
-            is_new_col = F.when(valid, F.col("_copy").isNull())
+        if fates:
+            fate_rows = spark.createDataFrame(fates, f"{_ROW} long, _fate string")
+            batch = batch.join(F.broadcast(fate_rows), _ROW, "left")
+            marked = batch.where(F.col("_fate").isNull() | (F.col("_fate") != "held"))
+            is_new_col = F.when(valid, F.col("_fate").isNull())
         else:
-            is_new_col = F.when(valid, F.lit(True))
+            marked, is_new_col = batch, F.when(valid, F.lit(True))
+        new = is_new & ~held
+        invalid = batch.count() - len(rows) - len(held_invalid)
         return MarkedBatch(
-            rows=batch.select(*parsed.columns, is_new_col.alias("is_new")),
-            new=int(is_new.sum()),
-            rejected=batch.count() - len(rows) + len(copies),
-            kept=(key[is_new], times[is_new], coord[is_new]),
+            rows=marked.select(*parsed.columns, is_new_col.alias("is_new")),
+            new=int(new.sum()),
+            rejected=invalid + int((~is_new & ~held).sum()),
+            kept=(key[new], times[new], coord[new]),
             times=times,
         )
+
+    def held_rows(
+        self, batch: DataFrame, topics: np.ndarray, partitions: Int64s, offsets: Int64s,
+        is_new: Bools,
+    ) -> tuple[Bools, Int64s]:  # fmt: skip
+        """Which valid rows the lake holds already (new ones in ``telemetry``, copies in
+        ``quarantine``), and the row ids of the invalid rows ``quarantine`` holds."""
+        in_telemetry, in_quarantine = self.held or (WrittenOffsets({}), WrittenOffsets({}))
+        held = np.zeros(len(offsets), dtype=bool)
+        if in_telemetry.highest:
+            held |= is_new & in_telemetry.written(topics, partitions, offsets)
+        if not in_quarantine.highest:
+            return held, np.zeros(0, dtype=np.int64)
+        invalid = (
+            batch.where(F.col(col.REASON).isNotNull())
+            .select(
+                _ROW,
+                F.col(col.TOPIC).alias("topic"),
+                F.col(col.PARTITION).alias("partition"),
+                F.col(col.OFFSET).alias("offset"),
+            )
+            .toArrow()
+        )
+        # Valid and invalid rows together: a partition is forgotten only once all went past it.
+        quarantined = in_quarantine.written(
+            np.concatenate([topics, invalid.column("topic").to_numpy(zero_copy_only=False)]),
+            np.concatenate([partitions, invalid.column("partition").to_numpy()]),
+            np.concatenate([offsets, invalid.column("offset").to_numpy()]),
+        )
+        held |= ~is_new & quarantined[: len(offsets)]
+        return held, invalid.column(_ROW).to_numpy()[quarantined[len(offsets) :]]
 
 
 def load_seen_events(spark: SparkSession, lake_root: str, horizon_us: int) -> SeenEvents:

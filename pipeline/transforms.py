@@ -19,12 +19,34 @@ from pipeline import columns as col
 _RAW_MAP = "map<string,string>"
 _KNOWN_FIELDS = [name for name, _ in c.EVENT_FIELDS]
 _CORRUPT = "_corrupt_record"
-# Every known field as its JSON text (a string value unquoted, anything else as written), so a
-# wrong type is seen by the casts below rather than hidden by the parser. A struct is parsed
+# Fields that must be JSON strings. Into a string field Spark's parser writes a number, a boolean
+# or an object as its JSON text (12345 would pass for "12345"); a variant keeps the JSON type.
+_STRING_FIELDS = ("event_id", "device_id", "firmware")
+# Every other known field as its JSON text (a string value unquoted, anything else as written), so
+# a wrong type is seen by the casts below rather than hidden by the parser. A struct is parsed
 # about 3x faster than a map, and its fields are read without a key search.
-_RAW_STRUCT = ", ".join(f"`{name}` string" for name in (*_KNOWN_FIELDS, _CORRUPT))
+_RAW_EVENT = ", ".join(
+    f"`{name}`: {'variant' if name in _STRING_FIELDS else 'string'}" for name in _KNOWN_FIELDS
+)
+# Spark's parser reads the first JSON value of a text and ignores the rest, so "{...}garbage" or
+# two events in one message would pass as the first event. The value is parsed as the first member
+# of a wrapper object instead: anything after it is a syntax error, or ends the wrapper before its
+# last member.
+_WRAPPER = ('{"event":', ',"end":true}')
+_RAW_STRUCT = f"`event` struct<{_RAW_EVENT}>, `end` boolean, `{_CORRUPT}` string"
 _RAW_METRICS = ", ".join(f"`{name}` string" for name in c.METRICS)
+# Into a string field Spark's parser writes a number a double cannot hold (NaN, Infinity, 1e400)
+# quoted: unquoted, it is an impossible value for the range check, as it is among the metrics.
+_QUOTED_NON_FINITE = ('"NaN"', '"Infinity"', '"-Infinity"')
 MIN_EVENT_TIME = "2000-01-01 00:00:00"
+# An ISO-8601 time that ends with its zone: Z or an offset (+02:00, +0200, -05). Without one the
+# device's local time would be read as UTC, hours off.
+_ZONED_TIME = r"\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d(:?\d\d)?)$"
+
+
+def _number_text(raw: Column) -> Column:
+    """A number field's JSON text, with a number a double cannot hold unquoted."""
+    return F.when(raw.isin(*_QUOTED_NON_FINITE), F.btrim(raw, F.lit('"'))).otherwise(raw)
 
 
 def _range_check(value: Column, field: str) -> Column:
@@ -44,28 +66,38 @@ def parse_events(
     timestamp, metrics flattened), ``extra`` (unknown fields as a map), ``ingest_time``,
     ``reason`` and ``detail``. Stateless; safe on a stream.
 
+    The value must be one JSON object and nothing after it; event_id, device_id and firmware JSON
+    strings; event_time an ISO-8601 time with its zone (Z or an offset).
+
     An event_time more than ``max_clock_ahead`` after the message's own timestamp (the time it
     was produced) comes from a clock running ahead: accepted, it would move the watermark and
     make every on-time event of every other device late. Comparing with the message timestamp
     rather than the clock keeps the decision the same when a batch is replayed.
     """
     # Each stage materialises its columns once: referenced many times below, a from_json inside
-    # the reason chain would otherwise be evaluated again for every branch (10x slower).
+    # the reason chain would otherwise be evaluated again for every branch (10x slower). A filter
+    # on the reason pushed below the stages would do the same (the unit tests check the plan).
     text = F.col(col.VALUE).cast("string")
+    wrapped = F.concat(F.lit(_WRAPPER[0]), text, F.lit(_WRAPPER[1]))
     decoded = raw.select(
         "*",
-        F.from_json(text, _RAW_STRUCT, {"columnNameOfCorruptRecord": _CORRUPT}).alias("_fields"),
+        F.from_json(wrapped, _RAW_STRUCT, {"columnNameOfCorruptRecord": _CORRUPT}).alias("_json"),
         # Keys only (values skipped): unknown fields are rare, their map is parsed only then.
         F.json_object_keys(text).alias("_keys"),
     ).select(
         "*",
-        F.from_json(F.col("_fields.metrics"), _RAW_METRICS).alias("_metrics"),
+        F.col("_json.event").alias("_fields"),
+        F.from_json(F.col("_json.event.metrics"), _RAW_METRICS).alias("_metrics"),
         F.when(
             F.exists("_keys", lambda k: ~k.isin(_KNOWN_FIELDS)),
             F.map_filter(F.from_json(text, _RAW_MAP), lambda k, _: ~k.isin(_KNOWN_FIELDS)),
         ).alias("extra"),
     )
-    not_object = F.col("_fields").isNull() | F.col(f"_fields.{_CORRUPT}").isNotNull()
+    not_object = (
+        F.col("_fields").isNull()
+        | F.col(f"_json.{_CORRUPT}").isNotNull()
+        | F.col("_json.end").isNull()
+    )
 
     def field(name: str) -> Column:
         return F.col("_fields")[name]
@@ -73,14 +105,18 @@ def parse_events(
     def metric(name: str) -> Column:
         return F.col("_metrics")[name]
 
+    def string(name: str) -> Column:
+        """The field's value if it is a JSON string, else null."""
+        return F.when(F.schema_of_variant(field(name)) == "STRING", field(name).cast("string"))
+
     typed: dict[str, Column] = {
-        "event_id": field("event_id"),
-        "device_id": field("device_id"),
+        "event_id": string("event_id"),
+        "device_id": string("device_id"),
         "event_time": F.try_to_timestamp(field("event_time")),
-        "seq": field("seq").try_cast("bigint"),
-        "firmware": field("firmware"),
-        "lat": field("lat").try_cast("double"),
-        "lon": field("lon").try_cast("double"),
+        "seq": _number_text(field("seq")).try_cast("bigint"),
+        "firmware": string("firmware"),
+        "lat": _number_text(field("lat")).try_cast("double"),
+        "lon": _number_text(field("lon")).try_cast("double"),
         **{m: metric(m).try_cast("double") for m in c.METRICS},
     }
     typed_df = decoded.select(
@@ -89,26 +125,37 @@ def parse_events(
         F.current_timestamp().alias("ingest_time"),
     )
 
-    def wrong_type(name: str, raw_value: Column) -> Column:
-        """Sent and not JSON null, but not convertible to the contract's type."""
-        sent = raw_value.isNotNull() & (raw_value != F.lit("null"))
+    def absent(name: str) -> Column:
+        """Not in the message, or JSON null."""
+        if name in _STRING_FIELDS:
+            return field(name).isNull() | F.is_variant_null(field(name))
+        return field(name).isNull()
+
+    def wrong_type(name: str, sent: Column) -> Column:
+        """Sent, but not convertible to the contract's type (the string "null" included)."""
         return sent & F.col(name).isNull()
 
-    missing = [F.when(field(f).isNull(), F.lit(f)) for f in c.REQUIRED_FIELDS]
-    wrong = [F.when(wrong_type(name, field(name)), F.lit(name)) for name in ("seq", "lat", "lon")]
-    wrong += [F.when(wrong_type(m, metric(m)), F.lit(f"metrics.{m}")) for m in c.METRICS]
+    missing = [F.when(absent(f), F.lit(f)) for f in c.REQUIRED_FIELDS]
+    wrong = [
+        F.when(wrong_type(name, ~absent(name)), F.lit(name))
+        for name in (*_STRING_FIELDS, "seq", "lat", "lon")
+    ]
+    wrong += [
+        F.when(wrong_type(m, metric(m).isNotNull()), F.lit(f"metrics.{m}")) for m in c.METRICS
+    ]
     # The parser writes an object's text back starting with "{"; a list or a scalar is no object.
     metrics_not_object = field("metrics").isNotNull() & ~field("metrics").startswith("{")
     out_of_range = [
         F.when(~_range_check(F.col(name), name), F.lit(name))
         for name in ("seq", "lat", "lon", *c.METRICS)
     ]
-    id_lengths = [F.length(field(f)) for f in ("event_id", "device_id")]
+    id_lengths = [F.length(F.col(f)) for f in ("event_id", "device_id")]
     bad_id = F.greatest(*id_lengths) > c.MAX_ID_LENGTH
     bad_id |= F.least(*id_lengths) == 0
     checks = typed_df.select(
         "*",
         (F.length(F.col(col.VALUE)) > max_bytes).alias("_oversize"),
+        (~F.is_valid_utf8(F.col(col.VALUE))).alias("_not_utf8"),
         F.coalesce(*missing).alias("_missing"),
         F.coalesce(*wrong).alias("_wrong"),
         metrics_not_object.alias("_metrics_not_object"),
@@ -117,6 +164,9 @@ def parse_events(
             F.col("event_time").isNull()
             | (F.col("event_time") < F.lit(MIN_EVENT_TIME).cast("timestamp"))
         ).alias("_bad_time"),
+        (F.col("event_time").isNotNull() & ~field("event_time").rlike(_ZONED_TIME)).alias(
+            "_no_zone"
+        ),
         (
             F.col("event_time")
             > F.coalesce(F.col(col.TIMESTAMP), F.current_timestamp())
@@ -126,12 +176,13 @@ def parse_events(
     )
     reason = (
         F.when(F.col("_oversize"), F.lit(c.REASON_OVERSIZE))
-        .when(~F.is_valid_utf8(F.col(col.VALUE)), F.lit(c.REASON_INVALID_UTF8))
+        .when(F.col("_not_utf8"), F.lit(c.REASON_INVALID_UTF8))
         .when(not_object, F.lit(c.REASON_INVALID_JSON))
         .when(F.col("_missing").isNotNull(), F.lit(c.REASON_MISSING_FIELD))
         .when(F.col("_wrong").isNotNull() | F.col("_metrics_not_object") | F.col("_bad_id"),
               F.lit(c.REASON_WRONG_TYPE))
-        .when(F.col("_bad_time") | F.col("_ahead"), F.lit(c.REASON_BAD_TIMESTAMP))
+        .when(F.col("_bad_time") | F.col("_no_zone") | F.col("_ahead"),
+              F.lit(c.REASON_BAD_TIMESTAMP))
         .when(F.col("_out_of_range").isNotNull(), F.lit(c.REASON_OUT_OF_RANGE))
         .when(F.col(col.KEY).isNotNull() & (F.col(col.KEY) != F.col("device_id")),
               F.lit(c.REASON_KEY_MISMATCH))
@@ -139,6 +190,7 @@ def parse_events(
     detail = (
         F.when(F.col("_oversize"),
                F.format_string("%d bytes > %d", F.length(F.col(col.VALUE)), F.lit(max_bytes)))
+        .when(F.col("_not_utf8"), F.lit("value is not valid UTF-8"))
         .when(not_object, F.lit("value is not a JSON object"))
         .when(F.col("_missing").isNotNull(), F.concat(F.lit("missing "), F.col("_missing")))
         .when(F.col("_metrics_not_object"), F.lit("metrics is not an object"))
@@ -146,6 +198,9 @@ def parse_events(
         .when(F.col("_wrong").isNotNull(), F.concat(F.lit("wrong type: "), F.col("_wrong")))
         .when(F.col("_bad_time"),
               F.concat(F.lit("event_time: "), F.substring(field("event_time"), 1, 64)))
+        .when(F.col("_no_zone"),
+              F.concat(F.lit("event_time without a time zone: "),
+                       F.substring(field("event_time"), 1, 64)))
         .when(F.col("_ahead"),
               F.concat(F.lit(f"event_time more than {max_clock_ahead} ahead of the message: "),
                        F.substring(field("event_time"), 1, 64)))

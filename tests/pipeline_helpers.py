@@ -69,15 +69,30 @@ def write_registry(lake_root: str, device_ids: Iterable[str], mode: str = "overw
 
 
 def produce(bootstrap: str, topic: str, messages: Iterable[tuple[str | None, bytes]]) -> int:
-    from confluent_kafka import Producer
+    return len(produce_at(bootstrap, topic, messages))
+
+
+def produce_at(
+    bootstrap: str, topic: str, messages: Iterable[tuple[str | None, bytes | None]]
+) -> list[tuple[int, int]]:
+    """Produce ``messages`` in order; the Kafka (partition, offset) of each one, in that order."""
+    from confluent_kafka import KafkaError, Message, Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    count = 0
-    for key, value in messages:
-        producer.produce(topic, key=key.encode() if key else None, value=value)
-        count += 1
+    coordinates: list[tuple[int, int]] = []
+    for index, (key, value) in enumerate(messages):
+        coordinates.append((-1, -1))
+
+        def delivered(err: KafkaError | None, msg: Message, index: int = index) -> None:
+            assert err is None, err
+            coordinates[index] = (msg.partition(), msg.offset())
+
+        producer.produce(
+            topic, key=key.encode() if key else None, value=value, on_delivery=delivered
+        )
     assert producer.flush(30) == 0
-    return count
+    assert (-1, -1) not in coordinates
+    return coordinates
 
 
 def encoded(events: Iterable[dict[str, Any]]) -> list[tuple[str | None, bytes]]:

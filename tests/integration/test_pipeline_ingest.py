@@ -183,3 +183,34 @@ def test_late_events_update_windows_within_the_watermark_and_are_counted_beyond(
         assert late.agg({"late_rows_dropped": "sum"}).first()[0] >= 1
     finally:
         pipeline.stop()
+
+
+def test_a_deleted_ingest_checkpoint_loses_nothing_and_writes_nothing_twice(
+    spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str, tmp_path: Path
+) -> None:
+    import shutil
+
+    topic = make_topic(partitions=2)
+    start = datetime.now(timezone.utc) - timedelta(minutes=30)
+    write_registry(lake, ["dev-1", "dev-2"])
+    first = device_series("dev-1", start, 30)
+    produce(bootstrap, topic, encoded(first) + encoded(first[:2]) + [("dev-1", b"{broken")])
+    # Small batches, as a live run makes: the old checkpoint numbered its batches up to 6.
+    settings = settings_for(lake, tmp_path, bootstrap_servers=bootstrap, topic=topic)
+    job.run_available_now(spark, settings.model_copy(update={"max_offsets_per_trigger": 5}))
+    assert table(spark, lake, "telemetry").count() == 30
+    assert table(spark, lake, "quarantine").count() == 3
+
+    # The ingest checkpoint is lost; meanwhile more messages arrive, copies among them.
+    shutil.rmtree(tmp_path / "checkpoints" / "ingest")
+    second = device_series("dev-2", start, 12)
+    produce(bootstrap, topic, encoded(second) + encoded(first[5:6]) + [("dev-2", b"[")])
+    # Reads the topic again from the earliest offsets, in one batch: number 0, which a txnAppId
+    # shared with the old checkpoint would skip as committed, new messages and all.
+    job.run_available_now(spark, settings)
+
+    telemetry = table(spark, lake, "telemetry")
+    assert telemetry.count() == 42, "every new event once, none of the earlier ones again"
+    assert telemetry.select("event_id").distinct().count() == 42
+    quarantine = Counter(r.reason for r in table(spark, lake, "quarantine").collect())
+    assert quarantine == {c.REASON_DUPLICATE: 3, c.REASON_INVALID_JSON: 2}

@@ -80,6 +80,9 @@ def secure_listener_properties(tls: TlsFiles) -> str:
     return "\n".join(lines) + "\n"
 
 
+LOOPBACK = "127.0.0.1"
+
+
 def server_properties(
     host: str,
     port: int,
@@ -90,9 +93,14 @@ def server_properties(
     tls: TlsFiles | None = None,
 ) -> str:
     """Minimal single-node KRaft configuration (static quorum), with a SASL_SSL listener on
-    ``secure_port`` when given."""
-    listeners = f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}"
-    advertised = f"PLAINTEXT://{host}:{port}"
+    ``secure_port`` when given.
+
+    With SASL_SSL, the plaintext and controller listeners bind loopback only: on ``host`` they
+    would let anyone who reaches it produce and consume without credentials.
+    """
+    plain = LOOPBACK if secure_port is not None else host
+    listeners = f"PLAINTEXT://{plain}:{port},CONTROLLER://{plain}:{controller_port}"
+    advertised = f"PLAINTEXT://{plain}:{port}"
     protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
     secure = ""
     if secure_port is not None:
@@ -105,7 +113,7 @@ def server_properties(
     return f"""\
 process.roles=broker,controller
 node.id=1
-controller.quorum.voters=1@{host}:{controller_port}
+controller.quorum.voters=1@{plain}:{controller_port}
 listeners={listeners}
 advertised.listeners={advertised}
 inter.broker.listener.name=PLAINTEXT
@@ -139,8 +147,14 @@ class KafkaBroker:
     sasl_user: SaslUser | None = None
 
     @property
+    def plain_host(self) -> str:
+        """Where the plaintext and controller listeners bind: loopback once SASL_SSL is on."""
+        return LOOPBACK if self.secure_port is not None else self.host
+
+    @property
     def bootstrap_servers(self) -> str:
-        return f"{self.host}:{self.port}"
+        """The plaintext endpoint (loopback only when the broker has a SASL_SSL listener)."""
+        return f"{self.plain_host}:{self.port}"
 
     @property
     def secure_bootstrap_servers(self) -> str | None:
@@ -209,8 +223,8 @@ class KafkaBroker:
             self._ready_secured(timeout_s)
             return
         java = check_java()
-        require_free(self.host, self.port, "Kafka broker")
-        require_free(self.host, self.controller_port, "Kafka controller")
+        require_free(self.plain_host, self.port, "Kafka broker")
+        require_free(self.plain_host, self.controller_port, "Kafka controller")
         if self.secure_port is not None:
             require_free(self.host, self.secure_port, "Kafka SASL_SSL listener")
         classpath = os.pathsep.join(str(p) for p in resolve(KAFKA_BUNDLE, self.cache_dir))

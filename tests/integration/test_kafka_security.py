@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -265,3 +268,117 @@ def test_password_is_in_no_output_and_no_file(secured: SecuredStack, delivered: 
             assert PASSWORD.encode() not in path.read_bytes(), path
     keystore_password = (secured.state_dir / "kafka" / "tls" / "keystore.password").read_text()
     assert keystore_password not in (secured.state_dir / "kafka" / "broker.log").read_text()
+
+
+def machine_address() -> str:
+    """This machine's address on its network (the one its default route leaves from)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("10.255.255.255", 1))  # UDP: nothing is sent
+        address = str(probe.getsockname()[0])
+    assert not address.startswith("127."), "the test needs a non-loopback IPv4 address"
+    return address
+
+
+def test_with_sasl_on_no_plaintext_listener_answers_beyond_loopback(tmp_path: Path) -> None:
+    address = machine_address()
+    password_file = tmp_path / "kafka-password"
+    password_file.write_text(PASSWORD)
+    plain, secure = free_port(), free_port()
+    env = {
+        "IOT_STACK_STATE_DIR": str(tmp_path / "state"),
+        "IOT_STACK_KAFKA_HOST": address,
+        "IOT_STACK_KAFKA_PORT": str(plain),
+        "IOT_STACK_KAFKA_CONTROLLER_PORT": str(free_port()),
+        "IOT_STACK_KAFKA_SECURE_PORT": str(secure),
+        "IOT_STACK_KAFKA_SECURITY": "sasl_ssl",
+        "IOT_KAFKA_SASL_USERNAME": USER,
+        "IOT_KAFKA_SASL_PASSWORD_FILE": str(password_file),
+        "IOT_LAKE_ROOT": str(tmp_path / "lake"),
+    }
+    up = iotfraud(["stack", "up"], env)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        # With credentials, on the address: served.
+        connect({"bootstrap.servers": f"{address}:{secure}", "security.protocol": "SASL_SSL",
+                 "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": USER,
+                 "sasl.password": PASSWORD,
+                 "ssl.ca.location": str(tmp_path / "state" / "kafka" / "tls" / "ca.pem")},
+                timeout_s=30)  # fmt: skip
+        # Without, on the address: nothing listens, for the broker or for its controller.
+        config = (tmp_path / "state" / "kafka" / "server.properties").read_text()
+        controller = int(env["IOT_STACK_KAFKA_CONTROLLER_PORT"])
+        for port in (plain, controller):
+            with socket.socket() as sock:
+                sock.settimeout(5)
+                assert sock.connect_ex((address, port)) != 0, f"{address}:{port} accepts\n{config}"
+        # The local tools keep their plaintext listener on loopback.
+        connect({"bootstrap.servers": f"127.0.0.1:{plain}"}, timeout_s=30)
+    finally:
+        down = iotfraud(["stack", "down"], env)
+        assert down.returncode == 0 and "broker stopped" in down.stdout
+
+
+def test_the_live_pipeline_runs_over_sasl_ssl(secured: SecuredStack, tmp_path: Path) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    from tests.pipeline_helpers import device_series, encoded, write_registry
+
+    topic = f"secure.live.{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(secured.librdkafka())  # held until the topics exist
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=2), NewTopic(f"{topic}.firmware", num_partitions=1)]
+    )
+    for future in futures.values():
+        future.result(timeout=30)
+    lake = tmp_path / "lake"
+    write_registry(str(lake), ["dev-1"])
+    start = datetime.now(timezone.utc) - timedelta(minutes=20)
+    messages = encoded(device_series("dev-1", start, 20) + device_series("dev-9", start, 5))
+    producer = Producer(secured.librdkafka())
+    for key, value in messages:
+        producer.produce(topic, key=key, value=value)
+    assert producer.flush(30) == 0
+
+    env = secured.client_env(
+        IOT_TOPIC=topic, IOT_FIRMWARE_TOPIC=f"{topic}.firmware", IOT_LAKE_ROOT=str(lake),
+        IOT_PIPELINE_CHECKPOINT_ROOT=str(tmp_path / "checkpoints"),
+        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'none.db'}", IOT_SPARK_DRIVER_MEMORY="1g",
+        IOT_SPARK_MASTER="local[2]", IOT_SPARK_SHUFFLE_PARTITIONS="2",
+    )  # fmt: skip
+    log = tmp_path / "pipeline.log"
+    with log.open("wb") as out:
+        pipeline = subprocess.Popen([sys.executable, "-m", "iotfraud", "pipeline", "run"],
+                                    env={**os.environ, **env}, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not {("rogue_device", "dev-9")} <= alerts(lake):
+            assert pipeline.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no alert over SASL_SSL\n" + log.read_text()[-3000:]
+            time.sleep(2)
+        pipeline.send_signal(signal.SIGTERM)
+        assert pipeline.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        if pipeline.poll() is None:
+            os.killpg(pipeline.pid, signal.SIGKILL)
+    assert rows(lake, "telemetry") == len(messages)
+    assert PASSWORD not in log.read_text()
+
+
+def rows(lake: Path, table: str) -> int:
+    from deltalake import DeltaTable
+
+    return int(DeltaTable(str(lake / table)).to_pyarrow_table(columns=[]).num_rows)
+
+
+def alerts(lake: Path) -> set[tuple[str, str]]:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(str(lake / "alerts")).to_pyarrow_table(
+            columns=["alert_type", "device_id"]
+        )
+    except TableNotFoundError:
+        return set()
+    return {(r["alert_type"], r["device_id"]) for r in table.to_pylist()}

@@ -137,6 +137,24 @@ def test_secured_broker_config_has_the_listener_and_no_login_password(tmp_path: 
     assert PASSWORD not in text
 
 
+def test_with_sasl_the_plaintext_and_controller_listeners_bind_loopback_only(
+    tmp_path: Path,
+) -> None:
+    tls = TlsFiles(tmp_path / "tls")
+    tls.folder.mkdir()
+    tls.password_file.write_text("keystore-pw")
+    secured = server_properties("192.0.2.7", 9092, 9093, tmp_path, secure_port=9094, tls=tls)
+    assert (
+        "listeners=PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093,SASL_SSL://192.0.2.7:9094"
+        in secured
+    )
+    assert "advertised.listeners=PLAINTEXT://127.0.0.1:9092,SASL_SSL://192.0.2.7:9094" in secured
+    assert "controller.quorum.voters=1@127.0.0.1:9093" in secured
+    # Without SASL the operator chose a plaintext broker on that address.
+    plain = server_properties("192.0.2.7", 9092, 9093, tmp_path)
+    assert "listeners=PLAINTEXT://192.0.2.7:9092,CONTROLLER://192.0.2.7:9093\n" in plain
+
+
 def test_certificate_names_cover_the_listen_host() -> None:
     assert subject_alt_names("127.0.0.1") == "dns:localhost,ip:127.0.0.1"
     assert subject_alt_names("kafka.lan") == "dns:localhost,ip:127.0.0.1,dns:kafka.lan"

@@ -3,6 +3,7 @@ quarantine, features and alerts end up exactly as after an uninterrupted run."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -38,7 +39,36 @@ def delta_rows(lake_root: str, table: str) -> int:
         return 0
 
 
-def snapshot(spark: Any, lake_root: str) -> dict[str, Any]:
+# Columns whose value says when a row was written, not what it holds: a run killed five times
+# writes its rows at other moments, and an alert in another micro-batch, than one that was not.
+RUN_DEPENDENT = {
+    "telemetry": {"ingest_time"},
+    "quarantine": {"ingest_time"},
+    "firmware_updates": {"ingest_time"},
+    "features": set(),
+    "alerts": {"detected_at", "batch_id"},
+}
+
+
+def _comparable(value: Any) -> Any:
+    """A cell as compared: doubles to 12 significant digits (windows summed in other batch
+    boundaries differ in the last bits), lists as tuples, rows as tuples."""
+    if isinstance(value, float):
+        return None if math.isnan(value) else float(f"{value:.12g}")  # NaN compares as missing
+    if isinstance(value, list):
+        return tuple(_comparable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _comparable(v)) for k, v in value.items()))
+    return value
+
+
+def key_snapshot(spark: Any, lake_root: str) -> dict[str, Any]:
+    """The rows of each table on their key columns only: what the kill loop compares so far.
+
+    On every column (``snapshot``) the kill loop's features differed after five SIGKILLs (a
+    gps_tracker window, 2026-11-26); until that is understood it checks these columns.
+    """
+
     def load(name: str) -> Any:
         return spark.read.format("delta").load(tables.table_path(lake_root, name))
 
@@ -49,13 +79,32 @@ def snapshot(spark: Any, lake_root: str) -> dict[str, Any]:
                                                       "kafka_offset").collect()),
         "quarantine": sorted((r.reason, r.kafka_partition, r.kafka_offset)
                              for r in load("quarantine").collect()),
-        # Every window's current state: closed ones from features, open ones from the changelog.
         "features": sorted(tuple(r) for r in window_states(spark, lake_root)
                            .select("device_id", "window_start", "event_count", "duplicate_count",
                                    "seq_min", "seq_max", "firmware_mismatch_count").collect()),
         "alerts": sorted((r.alert_id, r.alert_type, r.severity, str(r.reasons))
                          for r in load("alerts").collect()),
     }  # fmt: skip
+
+
+def snapshot(spark: Any, lake_root: str) -> dict[str, Any]:
+    """Every row of every table, on all columns but ``RUN_DEPENDENT``, sorted."""
+
+    def rows(frame: Any, table: str) -> list[dict[str, Any]]:
+        columns = sorted(set(frame.columns) - RUN_DEPENDENT[table])
+        return sorted(
+            ({c: _comparable(r[c]) for c in columns} for r in frame.select(*columns).collect()),
+            key=repr,
+        )
+
+    def load(name: str) -> Any:
+        return spark.read.format("delta").load(tables.table_path(lake_root, name))
+
+    found = {name: rows(load(name), name)
+             for name in ("telemetry", "quarantine", "alerts")}  # fmt: skip
+    # Every window's current state: closed ones from features, open ones from the changelog.
+    found["features"] = rows(window_states(spark, lake_root), "features")
+    return found
 
 
 @pytest.mark.timeout(900)
@@ -117,8 +166,10 @@ def test_sigkill_and_restart_give_the_same_tables(
 
     expected, actual = snapshot(spark, reference.lake_root), snapshot(spark, killed_lake)
     assert len(expected["telemetry"]) == len(events)
-    assert Counter(r[0] for r in expected["quarantine"]) == {"duplicate": 25, "invalid_json": 5}
+    assert Counter(r["reason"] for r in expected["quarantine"]) == {"duplicate": 25,
+                                                                    "invalid_json": 5}  # fmt: skip
     assert len(expected["telemetry"]) + len(expected["quarantine"]) == produced
-    assert {a[1] for a in expected["alerts"]} >= {"rogue_device", "firmware_mismatch", "replay"}
+    assert {a["alert_type"] for a in expected["alerts"]} >= {"rogue_device", "firmware_mismatch",
+                                                             "replay"}  # fmt: skip
     for table in ("telemetry", "quarantine", "features", "alerts"):
         assert actual[table] == expected[table], f"{table} differs after SIGKILL and restart"

@@ -28,7 +28,7 @@ from models.dataset import scoring_rows
 from pipeline import job
 from pipeline.detection import window_states
 from pipeline.settings import PipelineSettings, seconds
-from tests.integration.test_exactly_once import delta_rows, snapshot
+from tests.integration.test_exactly_once import delta_rows, key_snapshot
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -115,7 +115,7 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
     ).save(tables.table_path(reference_lake, "devices"))
     job.run_available_now(spark, job_settings)
 
-    expected, actual = snapshot(spark, reference_lake), snapshot(spark, killed_lake)
+    expected, actual = key_snapshot(spark, reference_lake), key_snapshot(spark, killed_lake)
     # Nothing lost, nothing twice: every message delivered is in telemetry or quarantine once.
     assert len(actual["telemetry"]) + len(actual["quarantine"]) == delivered
     assert len({r[0] for r in actual["telemetry"]}) == len(actual["telemetry"])

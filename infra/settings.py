@@ -111,20 +111,12 @@ class CommonSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _credentials(self) -> CommonSettings:
-        if self.kafka_sasl_password_file is not None:
-            if self.kafka_sasl_password:
-                raise ValueError(
-                    "set IOT_KAFKA_SASL_PASSWORD or IOT_KAFKA_SASL_PASSWORD_FILE, not both"
-                )
-            secret = read_secret_file(self.kafka_sasl_password_file, "IOT_KAFKA_SASL_PASSWORD_FILE")
-            self.kafka_sasl_password = SecretStr(secret)
-        if self.model_signing_key_file is not None:
-            if self.model_signing_key:
-                raise ValueError(
-                    "set IOT_MODEL_SIGNING_KEY or IOT_MODEL_SIGNING_KEY_FILE, not both"
-                )
-            key = read_secret_file(self.model_signing_key_file, "IOT_MODEL_SIGNING_KEY_FILE")
-            self.model_signing_key = SecretStr(key)
+        self.kafka_sasl_password = secret_or_file(
+            self.kafka_sasl_password, self.kafka_sasl_password_file, "IOT_KAFKA_SASL_PASSWORD"
+        )
+        self.model_signing_key = secret_or_file(
+            self.model_signing_key, self.model_signing_key_file, "IOT_MODEL_SIGNING_KEY"
+        )
         if self.kafka_security_protocol == "SASL_SSL" and not (
             self.kafka_sasl_username and self.kafka_sasl_password
         ):
@@ -137,6 +129,16 @@ class CommonSettings(BaseSettings):
     def signing_key(self) -> str | None:
         """The model signing key, or None for plain digests."""
         return self.model_signing_key.get_secret_value() if self.model_signing_key else None
+
+
+def secret_or_file(secret: SecretStr | None, path: Path | None, variable: str) -> SecretStr | None:
+    """The secret given in ``variable`` or read from the file in ``{variable}_FILE``; both set
+    is an error (ValueError naming them)."""
+    if path is None:
+        return secret
+    if secret:
+        raise ValueError(f"set {variable} or {variable}_FILE, not both")
+    return SecretStr(read_secret_file(path, f"{variable}_FILE"))
 
 
 def read_secret_file(path: Path, variable: str) -> str:

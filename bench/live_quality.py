@@ -42,7 +42,7 @@ import pandas as pd
 from infra import lake
 from infra.ports import free_port
 from models.evaluation import CLEAN, window_labels
-from models.live_eval import read_table
+from models.live_eval import read_table, standing_alerts
 
 
 def false_alerts(lake_root: str) -> tuple[int, pd.Series]:
@@ -50,8 +50,8 @@ def false_alerts(lake_root: str) -> tuple[int, pd.Series]:
     truth = read_table(lake_root, lake.GROUND_TRUTH, ["device_id", "scenario", "start_time",
                                                       "end_time"])  # fmt: skip
     windows = read_table(lake_root, lake.FEATURES, ["device_id", "window_start", "window_end"])
-    alerts = read_table(lake_root, lake.ALERTS, ["device_id", "alert_type", "window_start",
-                                                 "window_end"])  # fmt: skip
+    alerts = standing_alerts(lake_root, ["device_id", "alert_type", "window_start",
+                                         "window_end"])  # fmt: skip
     if truth is None or windows is None or alerts is None:
         return 0, pd.Series(dtype="int64")
     clean = int((window_labels(windows, truth, 0.0) == CLEAN).sum())

@@ -156,8 +156,10 @@ def read_alerts(
     device_ids: Sequence[str] | None = None,
     model_versions: Sequence[str | None] | None = None,
     columns: Sequence[str] | None = None,
+    withdrawn: bool = False,
 ) -> pl.DataFrame:
-    """Alerts whose window starts in ``[since, until)``, newest window first.
+    """Alerts whose window starts in ``[since, until)``, newest window first; the ones withdrawn
+    when their window closed (``status``) only with ``withdrawn``.
 
     Each list argument restricts the rows to those values (None: no restriction); a None in
     ``model_versions`` selects rule alerts, which have no model version.
@@ -169,7 +171,12 @@ def read_alerts(
         in_filter("device_id", device_ids),
         in_filter("model_version", model_versions),
     )
-    frame = read_table(lake_root, lake.ALERTS, columns=columns, where=where)
+    wanted = None if columns is None else [*columns, "status"]
+    frame = read_table(lake_root, lake.ALERTS, columns=wanted, where=where)
+    if not withdrawn and "status" in frame.columns:
+        frame = frame.filter(pl.col("status").ne_missing(c.ALERT_WITHDRAWN))
+    if columns is not None and "status" not in columns:
+        frame = frame.drop("status", strict=False)
     order = [n for n in ("window_start", "detected_at", "alert_id") if n in frame.columns]
     return frame.sort(order, descending=True, nulls_last=True) if order else frame
 

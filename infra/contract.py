@@ -202,9 +202,15 @@ ALERTS_COLUMNS: Columns = (
     ("window_end", "timestamp"),
     ("first_event_time", "timestamp"),
     ("last_event_time", "timestamp"),
+    ("status", "string"),  # ALERT_STATUSES; null in rows written before the column existed
     ("detected_at", "timestamp"),
     ("batch_id", "long"),
 )
+# A rule alert raised on a window still filling is provisional: when the watermark closes the
+# window, the rules decide once more on its final state, and an alert they no longer call for is
+# withdrawn (kept, marked). Every other alert stands as raised.
+ALERT_RAISED, ALERT_WITHDRAWN = "raised", "withdrawn"
+ALERT_STATUSES = (ALERT_RAISED, ALERT_WITHDRAWN)
 
 ALERT_FEEDBACK_COLUMNS: Columns = (
     ("alert_id", "string"),

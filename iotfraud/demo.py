@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from infra import contract as c
 from infra import lake, stack
 from infra.logs import configure_logging
 from infra.model_trust import DIGEST_TAG
@@ -64,10 +65,18 @@ def row_count(lake_root: str, table: str) -> int:
     return int(sum(counts))
 
 
+def alerts_by_type(lake_root: str) -> Counter[str]:
+    """Standing alerts (not withdrawn when their window closed) per alert type."""
+    from models.live_eval import standing_alerts
+
+    alerts = standing_alerts(lake_root, ["alert_type"])
+    return Counter() if alerts is None else Counter(alerts["alert_type"])
+
+
 def progress_line(lake_root: str) -> str:
     telemetry = row_count(lake_root, lake.TELEMETRY)
     quarantine = row_count(lake_root, lake.QUARANTINE)
-    alerts = Counter(r["alert_type"] for r in table_rows(lake_root, lake.ALERTS, ["alert_type"]))
+    alerts = alerts_by_type(lake_root)
     top = ", ".join(f"{t} {n}" for t, n in alerts.most_common(4))
     return (
         f"telemetry {telemetry:,} | quarantine {quarantine:,} | alerts {sum(alerts.values()):,}"
@@ -172,17 +181,21 @@ def alert_latency(lake_root: str, checkpoint_root: str | None = None) -> tuple[f
     """
     import pandas as pd
 
-    columns = ["device_id", "detected_at", "batch_id", "alert_type"]
-    alerts = pd.DataFrame(table_rows(lake_root, lake.ALERTS, columns))
+    from models.live_eval import standing_alerts
+
+    alerts = standing_alerts(lake_root, ["device_id", "detected_at", "batch_id", "alert_type"])
+    if alerts is None:
+        return None
     coords = ["kafka_topic", "kafka_partition", "kafka_offset"]
     telemetry = pd.DataFrame(table_rows(
         lake_root, lake.TELEMETRY, ["device_id", "ingest_time", "kafka_timestamp", *coords]
     ))  # fmt: skip
     if alerts.empty or telemetry.empty:
         return None
-    alerts["detected_at"] = pd.to_datetime(alerts["detected_at"], utc=True)
-    telemetry["ingest_time"] = pd.to_datetime(telemetry["ingest_time"], utc=True)
-    telemetry["kafka_timestamp"] = pd.to_datetime(telemetry["kafka_timestamp"], utc=True)
+    # One unit for every time (the readers give microseconds or nanoseconds): merge_asof needs it.
+    alerts["detected_at"] = pd.to_datetime(alerts["detected_at"], utc=True).dt.as_unit("ns")
+    for name in ("ingest_time", "kafka_timestamp"):
+        telemetry[name] = pd.to_datetime(telemetry[name], utc=True).dt.as_unit("ns")
     ends = batch_end_offsets(Path(checkpoint_root) / "detection") if checkpoint_root else None
     if ends is not None and not ends.empty:
         ends = ends.sort_values("batch_id")
@@ -237,11 +250,13 @@ def summary(lake_root: str, produced: int | None = None, checkpoint_root: str | 
         else f"alert latency (Kafka -> alert committed): p50 {latency[0]:.1f} s, "
         f"p95 {latency[1]:.1f} s"
     )
-    by_type = Counter(r["alert_type"] for r in table_rows(lake_root, lake.ALERTS, ["alert_type"]))
+    by_type = alerts_by_type(lake_root)
+    statuses = Counter(r["status"] for r in table_rows(lake_root, lake.ALERTS, ["status"]))
     return "\n".join([
         *([] if produced is None else [f"produced to Kafka: {produced:,} messages"]),
         "summary: " + progress_line(lake_root),
         "alerts by type: " + (", ".join(f"{t} {n:,}" for t, n in by_type.most_common()) or "none"),
+        f"withdrawn when their window closed (not counted above): {statuses[c.ALERT_WITHDRAWN]:,}",
         "detection against ground truth (an injection is detected when an alert of its type "
         "overlaps it on its device):",
         detection_summary(lake_root),

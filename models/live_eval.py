@@ -26,10 +26,28 @@ def read_table(lake_root: str, table: str, columns: list[str]) -> pd.DataFrame |
         return None
 
 
+def standing_alerts(lake_root: str, columns: list[str]) -> pd.DataFrame | None:
+    """The ``columns`` of the alerts that stand (what analysts see: not withdrawn when their
+    window closed), or None when there is no ``alerts`` table."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(lake.table_path(lake_root, lake.ALERTS))
+    except TableNotFoundError:
+        return None
+    # A table the pipeline has not upgraded yet has no status: every alert stands.
+    status = ["status"] if "status" in {f.name for f in table.schema().fields} else []
+    alerts = table.to_pandas(columns=[*columns, *status])
+    if status:
+        alerts = alerts[alerts["status"] != c.ALERT_WITHDRAWN].drop(columns="status")
+    return alerts
+
+
 def evaluate_lake(lake_root: str) -> pd.DataFrame:
     """The evaluation of the lake's alerts; a clear error when a needed table is missing."""
     truth = read_table(lake_root, lake.GROUND_TRUTH, c.column_names(c.GROUND_TRUTH_COLUMNS))
-    alerts = read_table(lake_root, lake.ALERTS, _ALERT_COLUMNS)
+    alerts = standing_alerts(lake_root, _ALERT_COLUMNS)
     missing = [name for name, frame in ((lake.GROUND_TRUTH, truth), (lake.ALERTS, alerts))
                if frame is None]  # fmt: skip
     if missing:

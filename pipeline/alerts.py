@@ -4,13 +4,19 @@ the idempotent writes into the ``alerts`` table.
 Detectors decide on the driver in pandas (``pipeline.rules``, ``pipeline.scoring``) or in Spark
 (``pipeline.firmware``); both build ``alert_id`` from the same text, so a (device, window start,
 alert type) has one id whichever path raised it.
+
+A rule alert raised while its window fills is provisional: the window's verdict may change as
+events arrive (readings that vary again, a late event between two positions). When the watermark
+closes the window, the rules decide on its final state; the alert takes those values, or, if the
+finished window does not call for it, is marked withdrawn (``status``). So what stands once a
+window has closed depends only on the events, not on how they were cut into micro-batches.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -26,13 +32,14 @@ from pipeline.sinks import idempotent_append, lower_bound, retry_on_conflict
 
 log = logging.getLogger(__name__)
 
-# What a detector produces; the model columns, detected_at and batch_id are added on writing.
+# What a detector produces; status, detected_at and batch_id are added on writing.
 DETECTOR_COLUMNS = (
     "alert_id", "device_id", "alert_type", "severity", "score", "reasons", "model_name",
     "model_version", col.WINDOW_START, col.WINDOW_END, "first_event_time", "last_event_time",
 )  # fmt: skip
 # Fields an updated window may change in an existing alert; the first detection time stays.
-_UPDATABLE = ("severity", "score", "reasons", "window_end", "last_event_time", "model_version")
+_UPDATABLE = ("severity", "score", "reasons", "window_end", "first_event_time", "last_event_time",
+              "model_version")  # fmt: skip
 # Spark's text of a timestamp (session time zone, UTC here): what alert_id hashes.
 _TIME_TEXT = "%Y-%m-%d %H:%M:%S"
 
@@ -90,9 +97,16 @@ def to_spark(spark: SparkSession, alerts: pd.DataFrame, batch_id: int) -> DataFr
         if len(alerts)
         else (spark.createDataFrame([], schema))
     )
-    return df.withColumns(
-        {"detected_at": F.current_timestamp(), "batch_id": F.lit(batch_id).cast("long")}
-    ).select(*c.column_names(c.ALERTS_COLUMNS))
+    return written_columns(df, batch_id)
+
+
+def written_columns(alerts: DataFrame, batch_id: int) -> DataFrame:
+    """Detector rows (DETECTOR_COLUMNS) as the ``alerts`` table's rows: raised by ``batch_id``,
+    now."""
+    return alerts.withColumns({
+        "status": F.lit(c.ALERT_RAISED), "detected_at": F.current_timestamp(),
+        "batch_id": F.lit(batch_id).cast("long"),
+    }).select(*c.column_names(c.ALERTS_COLUMNS))  # fmt: skip
 
 
 def merge_alerts(alerts: DataFrame, path: str, *, earliest: datetime | None = None) -> None:
@@ -124,6 +138,30 @@ def merge_alerts(alerts: DataFrame, path: str, *, earliest: datetime | None = No
         )
 
     retry_on_conflict(merge, "alerts MERGE")
+
+
+def withdraw_alerts(spark: SparkSession, stale: pd.DataFrame, path: str) -> None:
+    """Mark the ``stale`` alerts (``alert_id``, ``window_start``) withdrawn; a replay changes
+    nothing."""
+    if stale.empty:
+        return
+    rows = spark.createDataFrame(
+        stale[["alert_id", col.WINDOW_START]], f"alert_id string, {col.WINDOW_START} timestamp"
+    )
+    earliest = pd.Timestamp(stale[col.WINDOW_START].min()).strftime(_TIME_TEXT)
+    condition = f"t.alert_id = s.alert_id AND t.`{col.WINDOW_START}` >= TIMESTAMP '{earliest}'"
+    standing = f"NOT (t.status <=> '{c.ALERT_WITHDRAWN}')"
+
+    def merge() -> None:
+        (
+            DeltaTable.forPath(spark, path)
+            .alias("t")
+            .merge(rows.alias("s"), condition)
+            .whenMatchedUpdate(condition=standing, set={"status": F.lit(c.ALERT_WITHDRAWN)})
+            .execute()
+        )
+
+    retry_on_conflict(merge, "alerts withdrawal MERGE")
 
 
 def _comparable(value: object) -> Hashable:
@@ -168,6 +206,36 @@ class WrittenAlerts:
                            dtype=bool)  # fmt: skip
         return alerts[new], alerts[changed]
 
+    def stale(
+        self, closing: pd.DataFrame, final: pd.DataFrame, types: Iterable[str]
+    ) -> pd.DataFrame:
+        """Alerts of the ``types`` on the ``closing`` windows that the table holds (raised while
+        the window filled) and the ``final`` decision on the finished window does not call for:
+        ``alert_id`` and ``window_start``."""
+        if closing.empty or not self.fields:
+            return pd.DataFrame({"alert_id": [], col.WINDOW_START: []})
+        called_for = set(final["alert_id"])
+        found = [
+            (key, start)
+            for device, start in zip(closing["device_id"], closing[col.WINDOW_START], strict=True)
+            for key in (alert_id_of(device, t, pd.Timestamp(start)) for t in types)
+            if key in self.fields and key not in called_for
+        ]
+        return pd.DataFrame(found, columns=["alert_id", col.WINDOW_START])
+
+    def to_write(
+        self, raised: pd.DataFrame, final: pd.DataFrame
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(new, changed): the alerts the table lacks, raised on a window or called for by its
+        final state alone (a device's profile can change the verdict on a window that received
+        no more events), with the final values where both; and the known alerts whose final
+        values differ from the table's."""
+        new, _ = self.split(raised)
+        only_final, changed = self.split(final)
+        if len(only_final):
+            new = pd.concat([new[~new["alert_id"].isin(only_final["alert_id"])], only_final])
+        return new, changed
+
     def maybe_written(self, alerts: pd.DataFrame) -> pd.Series:
         """Per alert not known here: whether the table may hold it all the same."""
         if self.unknown_until is None:
@@ -207,9 +275,12 @@ class WrittenAlerts:
 
 
 def write_alerts(spark: SparkSession, raised: pd.DataFrame, final: pd.DataFrame, *, path: str,
-                 app_id: str, batch_id: int, written: WrittenAlerts) -> None:  # fmt: skip
-    """Append the ``raised`` alerts the table does not hold yet; MERGE the ``final`` values of
-    alerts (their window closed, or the query stopped), where they differ from the table's.
+                 app_id: str, batch_id: int, written: WrittenAlerts,
+                 stale: pd.DataFrame | None = None) -> None:  # fmt: skip
+    """Append the alerts the table does not hold yet (``WrittenAlerts.to_write``: ``raised`` on
+    a changed window, or called for by the ``final`` state of a closing one); MERGE the ``final``
+    values of alerts (their window closed, or the query stopped), where they differ from the
+    table's; mark the ``stale`` ones withdrawn (``WrittenAlerts.stale``).
 
     An alert is written when first raised and, if its values changed meanwhile, once more with
     its final values. A window's rule alert is decided again every time the window changes, and
@@ -222,8 +293,7 @@ def write_alerts(spark: SparkSession, raised: pd.DataFrame, final: pd.DataFrame,
     append also carries the batch id as its Delta transaction version. A new alert the table may
     hold all the same (``WrittenAlerts.unknown_until``) goes through the MERGE.
     """
-    new, _ = written.split(raised)
-    _, changed = written.split(final)
+    new, changed = written.to_write(raised, final)
     maybe = written.maybe_written(new)
     if (~maybe).any():
         appended = new[~maybe]
@@ -234,5 +304,7 @@ def write_alerts(spark: SparkSession, raised: pd.DataFrame, final: pd.DataFrame,
         merged = pd.concat(parts)
         earliest = pd.Timestamp(merged[col.WINDOW_START].min()).to_pydatetime()
         merge_alerts(to_spark(spark, merged, batch_id), path, earliest=earliest)
+    if stale is not None:
+        withdraw_alerts(spark, stale, path)
     written.remember(new)
     written.remember(changed)

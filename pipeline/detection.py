@@ -11,7 +11,8 @@ The driver keeps, per device, the windows still open (their latest state) and th
 windows a profile reads (``pipeline.profiles``). Nothing is rewritten per batch: the windows a
 batch changed are appended to ``feature_changes`` (a changelog: the latest row per window is its
 current state), the windows it closed are appended once to ``features`` (final rows), and an
-alert is written when raised and once more, with its final values, when its window closes. At
+alert is written when raised and once more, with its final values, when its window closes (or
+marked withdrawn, when the finished window no longer calls for it: ``pipeline.alerts``). At
 start the state is rebuilt from those two tables, so a batch replayed after a crash finds the
 state its first attempt found, and decides the same.
 """
@@ -44,7 +45,7 @@ from pipeline.profiles import (
     relative_features,
     scorable,
 )
-from pipeline.rules import RuleThresholds, rule_alerts
+from pipeline.rules import RULE_TYPES, RuleThresholds, rule_alerts
 from pipeline.scoring import LoadedModel, ModelScorer, model_alerts
 from pipeline.sinks import checkpoint_id, idempotent_append
 
@@ -293,10 +294,11 @@ class FeaturesBatchWriter:
                         spec=self.spec)  # fmt: skip
         # The rules' last word on the windows this batch closes: the values their alerts keep.
         last_word = judge(closing, state.history, rules=self.rules, spec=self.spec)
+        stale = self.written.stale(closing, last_word, RULE_TYPES)
         laps("detect")
         write_alerts(spark, alerts, last_word, path=path(lake.ALERTS),
                      app_id=f"{self.app_id}-alerts", batch_id=batch_id,
-                     written=self.written)  # fmt: skip
+                     written=self.written, stale=stale)  # fmt: skip
         laps("alerts")
         if len(closing):
             closed = spark.createDataFrame(closing[windows.columns], windows.schema)
@@ -327,6 +329,8 @@ class FeaturesBatchWriter:
         if self.state is None or self.written is None or self.state.open.empty:
             return
         current = judge(self.state.open, self.state.history, rules=self.rules, spec=self.spec)
+        # Values only: an alert the open windows call for now is raised by the next batch.
+        current = current[current["alert_id"].isin(self.written.fields.keys())]
         write_alerts(spark, empty_alerts(), current, path=lake.table_path(self.lake_root,
                      lake.ALERTS), app_id=f"{self.app_id}-alerts",
                      batch_id=-1,  # unused: updates keep the batch id of the insert

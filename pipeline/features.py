@@ -126,7 +126,8 @@ def _window_aggregates() -> list[Column]:
         F.avg("power_ratio").alias("power_ratio_mean"),
         F.min("power_ratio").alias("power_ratio_min"),
         F.sum("fw_mismatch").cast("long").alias("firmware_mismatch_count"),
-        F.max_by("firmware", "event_time").alias("last_firmware"),
+        # Two readings at the same time: the greater firmware, whichever micro-batch read it.
+        F.max_by("firmware", F.struct("event_time", "firmware")).alias("last_firmware"),
         F.first("device_type", ignorenulls=True).alias("device_type"),
         F.first("expected_firmware", ignorenulls=True).alias("expected_firmware"),
         F.max(F.col("registered").cast("int")).cast("boolean").alias("registered"),

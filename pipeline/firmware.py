@@ -16,6 +16,7 @@ quiet most of the time and must not hold back the telemetry's watermark.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
@@ -24,13 +25,14 @@ from pyspark.sql import functions as F
 from infra import contract as c
 from infra import lake
 from pipeline import columns as col
-from pipeline.alerts import alert_id, merge_alerts
+from pipeline.alerts import alert_id, merge_alerts, written_columns
 from pipeline.features import with_device
 from pipeline.sinks import idempotent_append, side_by_side
 
 log = logging.getLogger(__name__)
 
 TAMPER = "firmware_tamper"
+_UPDATE_STRUCT = "`update` map<string, variant>, `end` boolean, `_corrupt` string"
 
 
 def parse_firmware_updates(raw: DataFrame) -> DataFrame:
@@ -39,36 +41,58 @@ def parse_firmware_updates(raw: DataFrame) -> DataFrame:
     Input: the Kafka source's shape (key, value, topic, partition, offset, timestamp). Output:
     the ``firmware_updates`` columns plus the raw ones, ``reason`` and ``detail``. Stateless.
     """
-    decoded = raw.select("*", F.from_json(F.col(col.VALUE).cast("string"),
-                                          "map<string,string>").alias("_f"))  # fmt: skip
+    # As for telemetry (``pipeline.transforms``): the value parsed as the first member of a
+    # wrapper object, so text after the update is an error; fields as variants, so a number is
+    # not taken for a string.
+    wrapped = F.concat(F.lit('{"update":'), F.col(col.VALUE).cast("string"), F.lit(',"end":true}'))
+    options = {"columnNameOfCorruptRecord": "_corrupt"}
+    decoded = raw.select("*", F.from_json(wrapped, _UPDATE_STRUCT, options).alias("_j"))
+    not_object = (F.col("_j.update").isNull() | F.col("_j._corrupt").isNotNull()
+                  | F.col("_j.end").isNull())  # fmt: skip
 
-    def field(name: str) -> Column:
-        return F.col("_f")[name]
+    def kind(name: str) -> Column:
+        """The field's JSON type (null when absent; VOID for JSON null)."""
+        return F.schema_of_variant(F.col("_j.update")[name])
 
-    missing = F.coalesce(*(F.when(field(f).isNull(), F.lit(f)) for f in c.FIRMWARE_UPDATE_REQUIRED))
-    authorized_at = F.try_to_timestamp(field("authorized_at"))
+    def string(name: str) -> Column:
+        return F.when(kind(name) == "STRING", F.col("_j.update")[name].cast("string"))
+
+    def first_of(names: tuple[str, ...], test: Callable[[str], Column]) -> Column:
+        return F.coalesce(*(F.when(test(name), F.lit(name)) for name in names))
+
+    required = c.FIRMWARE_UPDATE_REQUIRED
+    optional = tuple(n for n in ("update_id",) if n not in required)
+    missing = first_of(required, lambda n: kind(n).isNull() | (kind(n) == "VOID"))
+    wrong = first_of((*required, *optional), lambda n: kind(n).isNotNull()
+                     & ~kind(n).isin("STRING", "VOID"))  # fmt: skip
+    authorized_at = F.try_to_timestamp(string("authorized_at"))
     typed = decoded.select(
         "*",
-        F.coalesce(field("update_id"), F.sha2(F.col(col.VALUE), 256)).alias("update_id"),
-        field("device_id").alias("device_id"),
-        field("firmware").alias("firmware"),
+        F.coalesce(string("update_id"), F.sha2(F.col(col.VALUE), 256)).alias("update_id"),
+        string("device_id").alias("device_id"),
+        string("firmware").alias("firmware"),
         authorized_at.alias("authorized_at"),
+        F.substring(string("authorized_at"), 1, 64).alias("_authorized_text"),
+        not_object.alias("_not_object"),
         missing.alias("_missing"),
+        wrong.alias("_wrong"),
         F.current_timestamp().alias("ingest_time"),
     )
     reason = (
-        F.when(F.col("_f").isNull(), F.lit(c.REASON_INVALID_JSON))
+        F.when(F.col("_not_object"), F.lit(c.REASON_INVALID_JSON))
         .when(F.col("_missing").isNotNull(), F.lit(c.REASON_MISSING_FIELD))
+        .when(F.col("_wrong").isNotNull(), F.lit(c.REASON_WRONG_TYPE))
         .when(F.col("authorized_at").isNull(), F.lit(c.REASON_BAD_TIMESTAMP))
     )
     detail = (
-        F.when(F.col("_f").isNull(), F.lit("firmware update is not a JSON object"))
+        F.when(F.col("_not_object"), F.lit("firmware update is not one JSON object"))
         .when(F.col("_missing").isNotNull(), F.concat(F.lit("missing "), F.col("_missing")))
+        .when(F.col("_wrong").isNotNull(), F.concat(F.col("_wrong"), F.lit(" is not a string")))
         .when(F.col("authorized_at").isNull(),
-              F.concat(F.lit("authorized_at: "), F.substring(field("authorized_at"), 1, 64)))
+              F.concat(F.lit("authorized_at: "), F.col("_authorized_text")))
     )  # fmt: skip
     return typed.select("*", reason.alias(col.REASON), detail.alias(col.DETAIL)).drop(
-        "_f", "_missing"
+        "_j", "_authorized_text", "_not_object", "_missing", "_wrong"
     )
 
 
@@ -94,13 +118,20 @@ def rejected_updates(parsed: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-def firmware_changes(events: DataFrame, devices: DataFrame) -> DataFrame:
+def firmware_changes(
+    events: DataFrame, devices: DataFrame, *, watermark: str | None = None
+) -> DataFrame:
     """Events reporting a firmware other than the registry's expected one (registered devices).
 
     Input: telemetry rows; ``devices``: the registry. Output: device_id, event_time, firmware,
-    expected_firmware. Safe on a stream (stream-static join).
+    expected_firmware. Safe on a stream (stream-static join). The ``watermark`` is set on every
+    event, before the filter: an unmatched change is decided once time has moved on for the
+    fleet, not only once another change arrives (which may be never).
     """
-    joined = with_device(events.select("device_id", "event_time", "firmware"), devices)
+    events = events.select("device_id", "event_time", "firmware")
+    if watermark:
+        events = events.withWatermark("event_time", watermark)
+    joined = with_device(events, devices)
     return joined.where(
         F.col("firmware").isNotNull()
         & F.col("expected_firmware").isNotNull()
@@ -114,13 +145,12 @@ def unauthorized_changes(
     """The changes that no update authorizes: same device and firmware, ``authorized_at`` from
     ``grace`` before the event up to ``watermark`` after it.
 
-    Input: ``firmware_changes`` output; ``updates`` with device_id, firmware, authorized_at,
-    update_id. Output: the change columns. On streams ``watermark`` is required: it bounds the
-    join state and decides when an unmatched change is final (left outer join).
+    Input: ``firmware_changes`` output (on streams, with its ``watermark``); ``updates`` with
+    device_id, firmware, authorized_at, update_id. Output: the change columns. On streams
+    ``watermark`` is required: it bounds the join state and decides when an unmatched change is
+    final (left outer join).
     """
     after = watermark or "0 seconds"
-    if watermark:
-        changes = changes.withWatermark("event_time", watermark)
     right = updates.select(
         F.col("device_id").alias("u_device_id"), F.col("firmware").alias("u_firmware"),
         "authorized_at", "update_id",
@@ -149,7 +179,8 @@ def tamper_alerts(unauthorized: DataFrame, *, window: str) -> DataFrame:
     grouped = unauthorized.groupBy("device_id", F.window("event_time", window).alias("w")).agg(
         F.min("event_time").alias("first_event_time"),
         F.max("event_time").alias("last_event_time"),
-        F.max_by("firmware", "event_time").alias("firmware"),
+        # Two readings at the same time: the greater firmware, whichever micro-batch read it.
+        F.max_by("firmware", F.struct("event_time", "firmware")).alias("firmware"),
         F.first("expected_firmware").alias("expected_firmware"),
     )
     return grouped.select(
@@ -198,8 +229,5 @@ class TamperBatchWriter:
     window: str
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        alerts = tamper_alerts(batch, window=self.window).withColumns(
-            {"detected_at": F.current_timestamp(), "batch_id": F.lit(batch_id).cast("long")}
-        )
-        merge_alerts(alerts.select(*c.column_names(c.ALERTS_COLUMNS)),
-                     lake.table_path(self.lake_root, lake.ALERTS))  # fmt: skip
+        alerts = written_columns(tamper_alerts(batch, window=self.window), batch_id)
+        merge_alerts(alerts, lake.table_path(self.lake_root, lake.ALERTS))

@@ -219,8 +219,11 @@ class Pipeline:
 
     def start_firmware(self) -> StreamingQuery:
         s = self.settings
+        changes = firmware_changes(
+            self._stream(lake.TELEMETRY), self._table(lake.DEVICES), watermark=s.watermark
+        )
         unauthorized = unauthorized_changes(
-            firmware_changes(self._stream(lake.TELEMETRY), self._table(lake.DEVICES)),
+            changes,
             self._stream(lake.FIRMWARE_UPDATES),
             grace=s.firmware_grace,
             watermark=s.watermark,

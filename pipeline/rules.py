@@ -181,6 +181,9 @@ def rules() -> list[Rule]:
     ]  # fmt: skip
 
 
+RULE_TYPES = tuple(rule.alert_type for rule in rules())
+
+
 def rule_alerts(windows: pd.DataFrame, thresholds: RuleThresholds | None = None) -> pd.DataFrame:
     """One alert row (``pipeline.alerts.DETECTOR_COLUMNS``) per window and rule that fired.
 

@@ -28,8 +28,15 @@ CONTRACT_TABLES: dict[str, c.Columns] = {
 
 
 def ensure_table(spark: SparkSession, path: str, columns: c.Columns) -> None:
-    """Create an empty Delta table with the contract's schema unless one exists at ``path``."""
+    """Create an empty Delta table with the contract's schema unless one exists at ``path``; add
+    the contract's columns an existing table lacks (written by an older version: its rows hold
+    null there)."""
     if DeltaTable.isDeltaTable(spark, path):
+        present = set(spark.read.format("delta").load(path).columns)
+        missing = tuple((name, kind) for name, kind in columns if name not in present)
+        if missing:
+            log.info("adding columns %s to Delta table %s", [n for n, _ in missing], path)
+            spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({c.spark_ddl(missing)})")
         return
     log.info("creating Delta table %s", path)
     spark.createDataFrame([], c.spark_ddl(columns)).write.format("delta").mode("ignore").save(path)

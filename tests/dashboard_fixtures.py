@@ -149,6 +149,7 @@ def build_lake(root: str, now: datetime | None = None) -> FixtureLake:
             "window_end": ws + timedelta(minutes=10),
             "first_event_time": ws,
             "last_event_time": ws + timedelta(minutes=9),
+            "status": kw.get("status", c.ALERT_RAISED),
             "detected_at": ws + timedelta(minutes=10, seconds=5),
             "batch_id": n,
         }

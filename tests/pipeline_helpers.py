@@ -73,9 +73,13 @@ def produce(bootstrap: str, topic: str, messages: Iterable[tuple[str | None, byt
 
 
 def produce_at(
-    bootstrap: str, topic: str, messages: Iterable[tuple[str | None, bytes | None]]
+    bootstrap: str,
+    topic: str,
+    messages: Iterable[tuple[str | None, bytes | None]],
+    timestamp: datetime | None = None,
 ) -> list[tuple[int, int]]:
-    """Produce ``messages`` in order; the Kafka (partition, offset) of each one, in that order."""
+    """Produce ``messages`` in order, stamped ``timestamp`` (default: now); the Kafka
+    (partition, offset) of each one, in that order."""
     from confluent_kafka import KafkaError, Message, Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
@@ -88,8 +92,9 @@ def produce_at(
             coordinates[index] = (msg.partition(), msg.offset())
 
         producer.produce(
-            topic, key=key.encode() if key else None, value=value, on_delivery=delivered
-        )
+            topic, key=key.encode() if key else None, value=value, on_delivery=delivered,
+            timestamp=0 if timestamp is None else int(timestamp.timestamp() * 1000),
+        )  # fmt: skip
     assert producer.flush(30) == 0
     assert (-1, -1) not in coordinates
     return coordinates

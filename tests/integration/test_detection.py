@@ -148,6 +148,50 @@ def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_s
     assert last_event_times() == final
 
 
+def test_a_rule_alert_its_finished_window_does_not_call_for_is_withdrawn(
+    spark: Any, lake: str, tmp_path: Path
+) -> None:
+    from pipeline.features import features_from_events
+    from pipeline.sinks import ensure_tables
+    from tests.unit.pipeline.test_rules import events_df, registry_df
+
+    ensure_tables(spark, lake)
+    writer = FeaturesBatchWriter(lake, ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent"))
+    start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
+    # "stuck" reads 21.5 °C for its first five minutes, then varies; "clean" 21.5 °C all along.
+    recovers = device_series("stuck", start, 120)
+    for event in recovers[:10]:
+        event["metrics"]["temperature_c"] = 21.5
+    constant = device_series("clean", start, 120, metrics={"temperature_c": 21.5})
+
+    def windows(events: list[dict[str, Any]]) -> Any:
+        features = features_from_events(
+            events_df(spark, events), registry_df(spark), window="10 minutes", slide="5 minutes"
+        )
+        return features.localCheckpoint()
+
+    def stuck_alerts() -> dict[tuple[str, datetime], str]:
+        rows = spark.read.format("delta").load(lake_table(lake, "alerts")).collect()
+        return {(r.device_id, r.window_start.replace(tzinfo=timezone.utc)): r.status
+                for r in rows if r.alert_type == "stuck_sensor"}  # fmt: skip
+
+    # The windows holding 08:00-08:04:30: 07:55-08:05 holds nothing else, 08:00-08:10 fills on.
+    first = [start - timedelta(minutes=5), start]
+    writer(windows(recovers[:10] + constant[:10]), 0)
+    assert stuck_alerts() == {(d, w): "raised" for d in ("stuck", "clean") for w in first}
+    writer(windows(recovers + constant), 1)  # to 08:59:30: both windows closed
+    after = stuck_alerts()
+    assert {(d, w): after[(d, w)] for d in ("stuck", "clean") for w in first} == {
+        ("stuck", first[0]): "raised", ("stuck", start): "withdrawn",
+        ("clean", first[0]): "raised", ("clean", start): "raised",
+    }  # fmt: skip
+    assert [k for k, status in after.items() if status == "withdrawn"] == [("stuck", start)]
+    table = spark.read.format("delta").load(lake_table(lake, "alerts")).drop("detected_at")
+    before = sorted(table.collect())
+    writer(windows(recovers + constant), 1)  # replayed after a crash: nothing changes
+    assert sorted(table.collect()) == before
+
+
 def test_windows_rebuilt_from_the_topic_raise_no_alert_twice(
     spark: Any, lake: str, tmp_path: Path
 ) -> None:

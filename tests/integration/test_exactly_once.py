@@ -63,8 +63,9 @@ def _comparable(value: Any) -> Any:
 
 class Rows(list):  # type: ignore[type-arg]
     """A table's rows (dicts), equal to another's when each pair matches: doubles to a relative
-    1e-7 (a window summed in other micro-batches differs in the last bits, and a slope's sums
-    over epoch seconds keep about nine digits), everything else exactly."""
+    1e-7 or an absolute 1e-9, everything else exactly. A window summed in other micro-batches
+    differs in the last bits; a slope (least squares over epoch minutes, about 3e7) keeps about
+    nine digits, so one near zero differs by about 1e-10 in units per minute."""
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, list) or len(self) != len(other):
@@ -79,39 +80,13 @@ class Rows(list):  # type: ignore[type-arg]
 
 def _close(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-7, abs_tol=1e-12)
+        return math.isclose(a, b, rel_tol=1e-7, abs_tol=1e-9)
     return bool(a == b)
 
 
 def _order(row: dict[str, Any]) -> str:
     """Rows sort by their columns that are not doubles (doubles may differ in the last bits)."""
     return repr([(c, v) for c, v in row.items() if not isinstance(v, float)])
-
-
-def key_snapshot(spark: Any, lake_root: str) -> dict[str, Any]:
-    """The rows of each table on their key columns only: what the kill loop compares so far.
-
-    On every column (``snapshot``) the kill loop's features differed after five SIGKILLs in the
-    ``*_slope`` columns only, by about 1e-10 (sums over epoch seconds in other micro-batches);
-    until slopes are computed without that cancellation, it checks these columns.
-    """
-
-    def load(name: str) -> Any:
-        return spark.read.format("delta").load(tables.table_path(lake_root, name))
-
-    telemetry = load("telemetry")
-    return {
-        "telemetry": sorted((r.event_id, r.kafka_partition, r.kafka_offset)
-                            for r in telemetry.select("event_id", "kafka_partition",
-                                                      "kafka_offset").collect()),
-        "quarantine": sorted((r.reason, r.kafka_partition, r.kafka_offset)
-                             for r in load("quarantine").collect()),
-        "features": sorted(tuple(r) for r in window_states(spark, lake_root)
-                           .select("device_id", "window_start", "event_count", "duplicate_count",
-                                   "seq_min", "seq_max", "firmware_mismatch_count").collect()),
-        "alerts": sorted((r.alert_id, r.alert_type, r.severity, str(r.reasons))
-                         for r in load("alerts").collect()),
-    }  # fmt: skip
 
 
 def snapshot(spark: Any, lake_root: str) -> dict[str, Any]:

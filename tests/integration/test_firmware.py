@@ -95,3 +95,40 @@ def test_tamper_alert_only_without_an_authorized_update(
     }
     reasons = {r.reason for r in table("quarantine").collect()}
     assert reasons == {"invalid_json", "missing_field"}
+
+
+def test_a_change_no_later_reading_repeats_is_decided_once_the_fleet_moves_on(
+    spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str, tmp_path: Path
+) -> None:
+    """A device that reports a rogue firmware a few times and then goes quiet (or back): its
+    change is decided when the fleet's event time passes it, not when another change comes."""
+    topic, updates_topic = make_topic(partitions=2), make_topic(partitions=1, prefix="firmware")
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=2)
+    write_registry(lake, ["tampered", "steady"])
+    settings = PipelineSettings(
+        lake_root=lake, checkpoint_root=str(tmp_path / "cp"), bootstrap_servers=bootstrap,
+        topic=topic, firmware_topic=updates_topic, window="10 minutes", slide="5 minutes",
+        watermark="5 minutes", mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
+        firmware_trigger_interval="1 second",
+    )  # fmt: skip
+    pipeline = job.start(spark, settings)
+    alerts: list[Any] = []
+    try:
+        # No update was ever published; the rest of the fleet reports on for two hours.
+        produce(bootstrap, topic, encoded(
+            device_series("tampered", start, 3, firmware="6.6.6")
+            + device_series("steady", start, 120, every_s=60)
+        ))  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not alerts and time.monotonic() < deadline:
+            for query in pipeline.queries:
+                query.processAllAvailable()
+            alerts = (
+                spark.read.format("delta").load(lake_tables.table_path(lake, "alerts"))
+                .where("alert_type = 'firmware_tamper'").collect()
+            )  # fmt: skip
+            time.sleep(2)
+    finally:
+        pipeline.stop()
+    assert [a.device_id for a in alerts] == ["tampered"]
+    assert alerts[0].window_start <= start.replace(tzinfo=None) < alerts[0].window_end

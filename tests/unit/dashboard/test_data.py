@@ -48,6 +48,31 @@ def test_existing_but_empty_table_gives_empty_frame(tmp_path: Path) -> None:
     assert frame.columns == c.column_names(c.ALERTS_COLUMNS)
 
 
+def test_alerts_withdrawn_when_their_window_closed_are_shown_only_when_asked(
+    tmp_path: Path,
+) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    start = datetime(2026, 11, 26, 8, 0, tzinfo=timezone.utc)
+    rows = [
+        {"alert_id": alert_id, "device_id": "d1", "alert_type": "stuck_sensor",
+         "window_start": start + timedelta(minutes=5 * n), "status": status}
+        for n, (alert_id, status) in enumerate([("standing", c.ALERT_RAISED),
+                                                ("withdrawn", c.ALERT_WITHDRAWN),
+                                                ("older", None)])
+    ]  # fmt: skip
+    schema = c.arrow_schema(c.ALERTS_COLUMNS)
+    write_deltalake(lake.table_path(str(tmp_path), lake.ALERTS),
+                    pa.Table.from_pylist(rows, schema=schema))  # fmt: skip
+    # A null status (a row written before the column existed) stands.
+    assert data.read_alerts(str(tmp_path))["alert_id"].to_list() == ["older", "standing"]
+    shown = data.read_alerts(str(tmp_path), columns=["alert_id"])
+    assert shown.columns == ["alert_id"] and shown.height == 2
+    everything = data.read_alerts(str(tmp_path), withdrawn=True)
+    assert everything["alert_id"].to_list() == ["older", "withdrawn", "standing"]
+
+
 def test_only_requested_columns_are_loaded(fixture_lake: FixtureLake) -> None:
     frame = data.read_alerts(fixture_lake.root, columns=["alert_id", "severity", "no_such"])
     assert frame.columns == ["alert_id", "severity"]

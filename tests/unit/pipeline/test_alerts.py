@@ -52,3 +52,16 @@ def test_alerts_of_closed_windows_are_forgotten() -> None:
     assert len(written.fields) == 1
     written.forget_until(T0 + pd.Timedelta(minutes=10))
     assert not written.fields
+
+
+def test_an_alert_only_the_final_state_of_a_window_calls_for_is_written() -> None:
+    """A device's profile grows while a window waits to close, so its final verdict can call for
+    an alert no earlier state of the window raised."""
+    written = WrittenAlerts()
+    raised = alerts(("d1", 0.5, "40 events"), ("d2", 0.5, "40 events"))
+    written.remember(raised[raised["device_id"] == "d1"])
+    final = alerts(("d1", 0.6, "45 events"), ("d2", 0.7, "50 events"), ("d3", 0.9, "60 events"))
+    new, changed = written.to_write(raised, final)
+    # d2 raised in this batch and closed by it: written once, with its final values.
+    assert sorted(zip(new["device_id"], new["score"], strict=True)) == [("d2", 0.7), ("d3", 0.9)]
+    assert list(changed["device_id"]) == ["d1"]

@@ -48,3 +48,15 @@ def test_distinct_share_shows_a_sensor_that_repeats_one_value(spark: Any) -> Non
     assert rows["clean"].power_w_distinct_share <= 1.0
     assert rows["clean"].temperature_c_distinct_share == pytest.approx(3 / 20, rel=DISTINCT_RSD)
     assert rows["clean"].humidity_pct_distinct_share is None  # a meter has no humidity sensor
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_last_firmware_of_two_readings_at_the_same_time_does_not_depend_on_their_order(
+    spark: Any, order: tuple[int, int]
+) -> None:
+    readings = device_series("firmware", START, 2, every_s=0)  # two readings at 08:00:00
+    readings[0]["firmware"], readings[1]["firmware"] = None, "2.0.0"
+    events = events_df(spark, [readings[i] for i in order]).coalesce(1)
+    features = features_from_events(events, registry_df(spark), window="10 minutes",
+                                     slide="10 minutes")  # fmt: skip
+    assert [r.last_firmware for r in features.collect()] == ["2.0.0"]

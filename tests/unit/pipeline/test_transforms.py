@@ -176,3 +176,30 @@ def test_the_first_copy_of_an_event_is_the_valid_one_with_smallest_coordinates(s
                      ("b", 2, True)]  # fmt: skip
     # Two events for telemetry; the invalid row and the two copies for quarantine.
     assert (marked.new, marked.rejected) == (2, 3)
+
+
+def test_firmware_updates_are_one_json_object_of_strings(spark: Any) -> None:
+    from pipeline.firmware import parse_firmware_updates
+
+    update = {"update_id": "u-1", "device_id": "dev-1", "firmware": "2.0.0",
+              "authorized_at": "2026-11-22T08:00:00Z"}  # fmt: skip
+    text = json.dumps(update)
+    cases = [
+        (text, None),
+        (text + "garbage", c.REASON_INVALID_JSON),
+        (text + text, c.REASON_INVALID_JSON),
+        ("   ", c.REASON_INVALID_JSON),
+        ('["dev-1", "2.0.0"]', c.REASON_INVALID_JSON),
+        (json.dumps({**update, "device_id": 12345}), c.REASON_WRONG_TYPE),
+        (json.dumps({**update, "firmware": {"v": 2}}), c.REASON_WRONG_TYPE),
+        (json.dumps({**update, "update_id": 7}), c.REASON_WRONG_TYPE),
+        (json.dumps({**update, "firmware": None}), c.REASON_MISSING_FIELD),
+        (json.dumps({k: v for k, v in update.items() if k != "device_id"}),
+         c.REASON_MISSING_FIELD),
+        (json.dumps({**update, "authorized_at": "yesterday"}), c.REASON_BAD_TIMESTAMP),
+    ]  # fmt: skip
+    raw = spark.createDataFrame(raw_rows([v.encode() for v, _ in cases]), RAW_DDL)
+    rows = parse_firmware_updates(raw).orderBy("offset").collect()
+    assert [r.reason for r in rows] == [reason for _, reason in cases]
+    assert (rows[0].update_id, rows[0].device_id, rows[0].firmware) == ("u-1", "dev-1", "2.0.0")
+    assert rows[5].detail == "device_id is not a string"

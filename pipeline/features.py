@@ -23,6 +23,7 @@ STAT_FUNCS = {"mean": F.avg, "std": F.stddev_samp, "min": F.min, "max": F.max}
 # devices by a fifth (docs/PERFORMANCE.md). Changing it changes the window state: see the README
 # on upgrades that change the features.
 DISTINCT_RSD = 0.1
+SLOPE_ORIGIN_S = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 REGISTRY_COLUMNS = ("device_type", "site_lat", "site_lon", "expected_firmware", "status")
 # Event columns the feature stage reads; ``is_duplicate`` is added by ``feature_events``.
 EVENT_COLUMNS = ("device_id", "event_time", "seq", "firmware", "lat", "lon", *c.METRICS)
@@ -132,7 +133,10 @@ def _window_aggregates() -> list[Column]:
         F.first("expected_firmware", ignorenulls=True).alias("expected_firmware"),
         F.max(F.col("registered").cast("int")).cast("boolean").alias("registered"),
     ]
-    minutes = F.col("event_time").cast("double") / 60.0
+    # A slope does not depend on where time starts; its least-squares sums keep more digits over
+    # minutes since an origin near the data than since 1970 (there the same window, summed in
+    # other micro-batches, differed in the seventh digit).
+    minutes = (F.col("event_time").cast("double") - SLOPE_ORIGIN_S) / 60.0
     for metric in c.METRICS:
         for stat, func in STAT_FUNCS.items():
             aggs.append(func(F.col(metric)).alias(f"{metric}_{stat}"))

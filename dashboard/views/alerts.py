@@ -15,7 +15,9 @@ from infra import lake
 log = logging.getLogger(__name__)
 
 RULES = "rules (no model)"
-STATUSES = ("All", "Open", "Reviewed")
+# "Withdrawn": rule alerts raised while their window filled that its final state did not call
+# for (``infra.contract.ALERT_WITHDRAWN``); every other choice shows standing alerts only.
+STATUSES = ("All", "Open", "Reviewed", "Withdrawn")
 LIST_COLUMNS = (
     "window_start", "alert_type", "severity", "device_id", "score", "model_version", "verdict",
     "reasons", "detected_at", "alert_id",
@@ -55,8 +57,11 @@ def filtered() -> pl.DataFrame:
         severities=severities or None,
         device_ids=devices or None,
         model_versions=[None if v == RULES else v for v in versions] or None,
+        withdrawn=status == "Withdrawn",
     )
     alerts = data.with_feedback(alerts, data.read_feedback(root))
+    if status == "Withdrawn":
+        return alerts.filter(pl.col("status") == c.ALERT_WITHDRAWN)
     if status == "Open":
         return alerts.filter(pl.col("verdict").is_null())
     if status == "Reviewed":

@@ -115,6 +115,29 @@ def test_alert_filters_change_the_rows_shown(
     assert list(at.dataframe[0].value["alert_id"]) == ["alert-004"]
 
 
+def test_withdrawn_alerts_are_hidden_until_asked_for(
+    app_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from infra import contract as c
+
+    fixture = build_lake(str(tmp_path / "lake"))
+    withdrawn = {**fixture.alerts[0], "alert_id": "alert-withdrawn", "status": c.ALERT_WITHDRAWN}
+    write_deltalake(lake.table_path(fixture.root, lake.ALERTS),
+                    pa.Table.from_pylist([withdrawn], schema=c.arrow_schema(c.ALERTS_COLUMNS)),
+                    mode="append")  # fmt: skip
+    app_env.setenv("IOT_LAKE_ROOT", fixture.root)
+    at = open_page("alerts")
+    shown = at.dataframe[0].value["alert_id"]
+    assert len(shown) == len(fixture.alerts) and "alert-withdrawn" not in list(shown)
+    at.selectbox(key="f_status").select("Withdrawn").run()
+    assert list(at.dataframe[0].value["alert_id"]) == ["alert-withdrawn"]
+    overview = open_page("overview")
+    assert metrics(overview)["Alerts"] == str(len(fixture.alerts))
+
+
 def test_alert_detail_shows_reasons_as_text_and_window_features(
     app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
 ) -> None:

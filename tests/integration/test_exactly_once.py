@@ -64,8 +64,8 @@ def _comparable(value: Any) -> Any:
 class Rows(list):  # type: ignore[type-arg]
     """A table's rows (dicts), equal to another's when each pair matches: doubles to a relative
     1e-7 or an absolute 1e-9, everything else exactly. A window summed in other micro-batches
-    differs in the last bits; a slope (least squares over epoch minutes, about 3e7) keeps about
-    nine digits, so one near zero differs by about 1e-10 in units per minute."""
+    differs in the last bits, a slope in about the ninth digit (``pipeline.features``), so one
+    near zero differs by about 1e-10 in units per minute."""
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, list) or len(self) != len(other):

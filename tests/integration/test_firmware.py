@@ -27,6 +27,18 @@ def update(device_id: str, firmware: str, at: datetime) -> tuple[str, bytes]:
     return device_id, json.dumps(body).encode()
 
 
+def settings_for(
+    lake: str, tmp_path: Path, bootstrap: str, topic: str, updates_topic: str
+) -> PipelineSettings:
+    """Ten-minute windows, a five-minute watermark, no model; the firmware join on."""
+    return PipelineSettings(
+        lake_root=lake, checkpoint_root=str(tmp_path / "cp"), bootstrap_servers=bootstrap,
+        topic=topic, firmware_topic=updates_topic, window="10 minutes", slide="5 minutes",
+        watermark="5 minutes", mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
+        firmware_trigger_interval="1 second",
+    )  # fmt: skip
+
+
 def test_tamper_alert_only_without_an_authorized_update(
     spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -45,13 +57,7 @@ def test_tamper_alert_only_without_an_authorized_update(
         ("tampered", b"{not json"),
         ("tampered", json.dumps({"device_id": "tampered", "firmware": "6.6.6"}).encode()),
     ])  # fmt: skip
-    settings = PipelineSettings(
-        lake_root=lake, checkpoint_root=str(tmp_path / "cp"), bootstrap_servers=bootstrap,
-        topic=topic, firmware_topic=updates_topic, window="10 minutes", slide="5 minutes",
-        watermark="5 minutes", mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
-        firmware_trigger_interval="1 second",
-    )  # fmt: skip
-    pipeline = job.start(spark, settings)
+    pipeline = job.start(spark, settings_for(lake, tmp_path, bootstrap, topic, updates_topic))
 
     def table(name: str) -> Any:
         return spark.read.format("delta").load(lake_tables.table_path(lake, name))
@@ -105,13 +111,7 @@ def test_a_change_no_later_reading_repeats_is_decided_once_the_fleet_moves_on(
     topic, updates_topic = make_topic(partitions=2), make_topic(partitions=1, prefix="firmware")
     start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=2)
     write_registry(lake, ["tampered", "steady"])
-    settings = PipelineSettings(
-        lake_root=lake, checkpoint_root=str(tmp_path / "cp"), bootstrap_servers=bootstrap,
-        topic=topic, firmware_topic=updates_topic, window="10 minutes", slide="5 minutes",
-        watermark="5 minutes", mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
-        firmware_trigger_interval="1 second",
-    )  # fmt: skip
-    pipeline = job.start(spark, settings)
+    pipeline = job.start(spark, settings_for(lake, tmp_path, bootstrap, topic, updates_topic))
     alerts: list[Any] = []
     try:
         # No update was ever published; the rest of the fleet reports on for two hours.

@@ -155,7 +155,7 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
     assert standing(actual["alerts"]) == standing(expected["alerts"])
     types = {a["alert_type"] for a in standing(expected["alerts"])}
     assert types >= {"rogue_device", "replay", "stuck_sensor", "model_anomaly", "firmware_tamper"}
-    status = {name: {a["alert_id"]: a["status"] for a in rows[name]["alerts"]}
+    status = {name: {a["alert_id"]: a["status"] for a in rows["alerts"]}
               for name, rows in (("killed", actual), ("reference", expected))}  # fmt: skip
     both = status["killed"].keys() & status["reference"].keys()
     assert {k: status["killed"][k] for k in both} == {k: status["reference"][k] for k in both}

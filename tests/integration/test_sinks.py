@@ -51,3 +51,31 @@ def test_an_append_adds_new_feature_columns_to_an_existing_table(
     assert (rows["d1"].power_mean, rows["d1"].power_slope) == (10.0, None)
     assert (rows["d2"].power_mean, rows["d2"].power_slope) == (20.0, -0.1)
     assert len(rows) == 2
+
+
+def test_an_alerts_table_of_an_older_release_takes_the_status_column(
+    spark: SparkSession, lake: str
+) -> None:
+    import pandas as pd
+
+    from infra import contract as c
+    from infra import lake as tables
+    from pipeline.alerts import alert_frame, to_spark
+    from pipeline.sinks import ensure_tables
+
+    path = tables.table_path(lake, tables.ALERTS)
+    older = tuple(column for column in c.ALERTS_COLUMNS if column[0] != "status")
+    row = ("old-1",) + (None,) * (len(older) - 1)
+    spark.createDataFrame([row], c.spark_ddl(older)).write.format("delta").save(path)
+    ensure_tables(spark, lake)
+    ensure_tables(spark, lake)  # once added, nothing to do
+    table = spark.read.format("delta").load(path)
+    assert table.columns == [*c.column_names(older), "status"]
+    # The pipeline's next append lands beside the older row, which keeps a null status.
+    start = pd.Timestamp("2026-11-26 08:00")
+    window = pd.DataFrame([{"device_id": "d1", "window_start": start, "window_end": start,
+                            "first_event_time": start, "last_event_time": start}])  # fmt: skip
+    alert = to_spark(spark, alert_frame(window, "flood", "medium", 0.5, "x"), 0)
+    idempotent_append(alert, path, "app-alerts", 0)
+    statuses = {r.alert_id == "old-1": r.status for r in table.collect()}
+    assert statuses == {True: None, False: c.ALERT_RAISED}

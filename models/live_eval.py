@@ -41,7 +41,7 @@ def standing_alerts(lake_root: str, columns: list[str]) -> pd.DataFrame | None:
     alerts = table.to_pandas(columns=[*columns, *status])
     if status:
         alerts = alerts[alerts["status"] != c.ALERT_WITHDRAWN].drop(columns="status")
-    return alerts
+    return alerts.reset_index(drop=True)
 
 
 def evaluate_lake(lake_root: str) -> pd.DataFrame:

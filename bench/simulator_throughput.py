@@ -26,7 +26,8 @@ from pathlib import Path
 
 from bench_broker import bench_broker
 
-from simulator.producer import ensure_topic, run_simulation
+from infra.kafka_client import ensure_topic
+from simulator.producer import run_simulation
 from simulator.registry import build_registry
 from simulator.settings import SimulatorSettings
 from simulator.telemetry import Simulation

@@ -114,3 +114,29 @@ def connect(conf: dict[str, Any], timeout_s: float = 30.0) -> tuple[AdminClient,
                     "Check KAFKA_BOOTSTRAP_SERVERS and IOT_KAFKA_SECURITY_PROTOCOL."
                 ) from None
             log.debug("Kafka at %s not answering yet: %s", bootstrap, exc)
+
+
+def ensure_topic(
+    conf: dict[str, Any], topic: str, partitions: int, replication: int = 1, timeout_s: float = 30
+) -> bool:
+    """Create ``topic`` with ``partitions`` if absent; True when this call created it.
+
+    Raises:
+        KafkaAccessError: the broker refused the login or the TLS handshake.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+    admin, metadata = connect(conf, timeout_s)
+    if topic in metadata.topics and metadata.topics[topic].error is None:
+        return False
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions,
+                                            replication_factor=replication)])  # fmt: skip
+    try:
+        futures[topic].result(timeout=timeout_s)
+    except KafkaException as exc:
+        if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise
+    log.info("topic %s created with %d partitions", topic, partitions)
+    return True

@@ -21,11 +21,11 @@ from typing import Any
 
 from infra import contract as c
 from infra import lake, stack
+from infra.kafka_client import ensure_topic
 from infra.logs import configure_logging
 from infra.model_trust import DIGEST_TAG
 from infra.processes import Children, Stopped, run_child, stop_signals
 from infra.settings import CommonSettings, StackSettings, load_settings
-from simulator.producer import ensure_topic
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -37,6 +38,7 @@ DETECTOR_COLUMNS = (
     "alert_id", "device_id", "alert_type", "severity", "score", "reasons", "model_name",
     "model_version", col.WINDOW_START, col.WINDOW_END, "first_event_time", "last_event_time",
 )  # fmt: skip
+TABLE_COLUMNS = list(c.column_names(c.ALERTS_COLUMNS))
 # Fields an updated window may change in an existing alert; the first detection time stays.
 _UPDATABLE = ("severity", "score", "reasons", "window_end", "first_event_time", "last_event_time",
               "model_version")  # fmt: skip
@@ -85,28 +87,30 @@ def empty_alerts() -> pd.DataFrame:
     return pd.DataFrame({name: pd.Series(dtype="object") for name in DETECTOR_COLUMNS})
 
 
-def to_spark(spark: SparkSession, alerts: pd.DataFrame, batch_id: int) -> DataFrame:
-    """Pandas alerts (DETECTOR_COLUMNS) as rows of the ``alerts`` table's schema."""
-    schema = c.spark_ddl(tuple(
-        (name, kind) for name, kind in c.ALERTS_COLUMNS if name in DETECTOR_COLUMNS
-    ))  # fmt: skip
-    # From pandas through Arrow: naive timestamps are read in the session time zone, as they
-    # were written by toPandas.
-    df = (
-        spark.createDataFrame(alerts[list(DETECTOR_COLUMNS)], schema)
-        if len(alerts)
-        else (spark.createDataFrame([], schema))
-    )
-    return written_columns(df, batch_id)
+def as_written(alerts: pd.DataFrame, batch_id: int, detected_at: pd.Timestamp) -> pd.DataFrame:
+    """Detector rows (DETECTOR_COLUMNS) as rows of the ``alerts`` table: raised by ``batch_id``
+    at ``detected_at``."""
+    rows = alerts[list(DETECTOR_COLUMNS)].copy()
+    rows["status"] = c.ALERT_RAISED
+    rows["detected_at"] = detected_at
+    rows["batch_id"] = batch_id
+    return rows[TABLE_COLUMNS]
 
 
-def written_columns(alerts: DataFrame, batch_id: int) -> DataFrame:
-    """Detector rows (DETECTOR_COLUMNS) as the ``alerts`` table's rows: raised by ``batch_id``,
-    now."""
-    return alerts.withColumns({
-        "status": F.lit(c.ALERT_RAISED), "detected_at": F.current_timestamp(),
-        "batch_id": F.lit(batch_id).cast("long"),
-    }).select(*c.column_names(c.ALERTS_COLUMNS))  # fmt: skip
+def batch_time() -> pd.Timestamp:
+    """The ``detected_at`` of a batch's alerts: now, in UTC, to the microsecond Delta keeps (the
+    published message and the table row must agree)."""
+    return pd.Timestamp.now(tz="UTC").tz_localize(None).floor("us")
+
+
+def to_spark(spark: SparkSession, rows: pd.DataFrame) -> DataFrame:
+    """Pandas rows of the ``alerts`` table (TABLE_COLUMNS) as a Spark frame of its schema."""
+    schema = c.spark_ddl(c.ALERTS_COLUMNS)
+    # From pandas through Arrow: naive timestamps are read in the session time zone (UTC), as
+    # they were written by toPandas.
+    if not len(rows):
+        return spark.createDataFrame([], schema)
+    return spark.createDataFrame(rows[TABLE_COLUMNS], schema)
 
 
 def merge_alerts(alerts: DataFrame, path: str, *, earliest: datetime | None = None) -> None:
@@ -177,18 +181,60 @@ def _comparable(value: object) -> Hashable:
     return value
 
 
-def _fields(row: pd.Series) -> tuple[Hashable, ...]:
+def _fields(row: Mapping[str, Any]) -> tuple[Hashable, ...]:
     return tuple(_comparable(row[name]) for name in _UPDATABLE)
+
+
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows of ``frame`` as dicts by column name."""
+    return cast("list[dict[str, Any]]", frame.to_dict("records"))
+
+
+def _frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame(list(rows), columns=TABLE_COLUMNS)
+
+
+def table_rows(
+    spark: SparkSession, path: str, ids: Iterable[str], earliest: pd.Timestamp
+) -> dict[str, dict[str, Any]]:
+    """The rows the table holds for the alerts ``ids`` (windows starting at ``earliest`` or
+    later), by ``alert_id``."""
+    if not DeltaTable.isDeltaTable(spark, path):
+        return {}
+    since = F.lit(earliest.strftime(_TIME_TEXT)).cast("timestamp")
+    found = (
+        spark.read.format("delta").load(path)
+        .where((F.col(col.WINDOW_START) >= since) & F.col("alert_id").isin(list(ids)))
+        .toPandas()
+    )  # fmt: skip
+    return {row["alert_id"]: row for row in records(found)}
+
+
+def after_merge(
+    incoming: pd.DataFrame, existing: Mapping[str, Mapping[str, Any]]
+) -> tuple[pd.DataFrame, pd.Series]:
+    """What ``merge_alerts`` of the ``incoming`` table rows leaves in a table holding
+    ``existing``: each alert's row afterwards, and whether the MERGE changed it."""
+    rows, changed = [], []
+    for row in records(incoming):
+        held = existing.get(row["alert_id"])
+        if held is None:
+            rows.append(row)
+            changed.append(True)
+        else:
+            rows.append({**held, **{f: row[f] for f in _UPDATABLE}})
+            changed.append(_fields(held) != _fields(row))
+    return _frame(rows), pd.Series(changed, dtype=bool)
 
 
 @dataclass
 class WrittenAlerts:
-    """The alerts the table holds for windows that may still change: alert_id -> the fields an
-    update may change, and the window's end. A window's rule alert is decided again every time
-    the window changes; most of those decisions repeat what the table already holds, and writing
+    """The alerts the table holds for windows that may still change: alert_id -> the row as the
+    table holds it, and the window's end. A window's rule alert is decided again every time the
+    window changes; most of those decisions repeat what the table already holds, and writing
     them again would cost a MERGE per batch for nothing."""
 
-    fields: dict[str, tuple[Hashable, ...]] = field(default_factory=dict)
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
     ends: dict[str, pd.Timestamp] = field(default_factory=dict)
     # The table may hold alerts of windows ending at or before this that are not known here (a
     # start without window state, e.g. after the features tables were rebuilt): a new alert of
@@ -199,29 +245,36 @@ class WrittenAlerts:
         """``alerts`` (DETECTOR_COLUMNS) as (new, changed); the unchanged ones are left out."""
         if alerts.empty:
             return alerts, alerts
-        known = [self.fields.get(key) for key in alerts["alert_id"]]
-        now = [_fields(row) for _, row in alerts.iterrows()]
+        known = [self.rows.get(key) for key in alerts["alert_id"]]
+        now = [_fields(row) for row in records(alerts)]
         new = np.array([k is None for k in known], dtype=bool)
-        changed = np.array([k is not None and k != n for k, n in zip(known, now, strict=True)],
-                           dtype=bool)  # fmt: skip
+        changed = np.array(
+            [k is not None and _fields(k) != n for k, n in zip(known, now, strict=True)],
+            dtype=bool,
+        )
         return alerts[new], alerts[changed]
 
     def stale(
         self, closing: pd.DataFrame, final: pd.DataFrame, types: Iterable[str]
     ) -> pd.DataFrame:
-        """Alerts of the ``types`` on the ``closing`` windows that the table holds (raised while
-        the window filled) and the ``final`` decision on the finished window does not call for:
-        ``alert_id`` and ``window_start``."""
-        if closing.empty or not self.fields:
-            return pd.DataFrame({"alert_id": [], col.WINDOW_START: []})
+        """Alerts of the ``types`` on the ``closing`` windows that the table holds standing
+        (raised while the window filled) and the ``final`` decision on the finished window does
+        not call for: their rows, marked withdrawn."""
+        if closing.empty or not self.rows:
+            return _frame([])
         called_for = set(final["alert_id"])
-        found = [
-            (key, start)
+        keys = (
+            alert_id_of(device, kind, pd.Timestamp(start))
             for device, start in zip(closing["device_id"], closing[col.WINDOW_START], strict=True)
-            for key in (alert_id_of(device, t, pd.Timestamp(start)) for t in types)
-            if key in self.fields and key not in called_for
-        ]
-        return pd.DataFrame(found, columns=["alert_id", col.WINDOW_START])
+            for kind in types
+        )
+        return _frame(
+            {**self.rows[key], "status": c.ALERT_WITHDRAWN}
+            for key in keys
+            if key in self.rows
+            and key not in called_for
+            and self.rows[key].get("status") != c.ALERT_WITHDRAWN
+        )
 
     def to_write(
         self, raised: pd.DataFrame, final: pd.DataFrame
@@ -236,6 +289,13 @@ class WrittenAlerts:
             new = pd.concat([new[~new["alert_id"].isin(only_final["alert_id"])], only_final])
         return new, changed
 
+    def updated(self, changed: pd.DataFrame) -> pd.DataFrame:
+        """The table rows of the known ``changed`` alerts, with their new values."""
+        return _frame(
+            {**self.rows[row["alert_id"]], **{f: row[f] for f in _UPDATABLE}}
+            for row in records(changed)
+        )
+
     def maybe_written(self, alerts: pd.DataFrame) -> pd.Series:
         """Per alert not known here: whether the table may hold it all the same."""
         if self.unknown_until is None:
@@ -243,8 +303,8 @@ class WrittenAlerts:
         return pd.to_datetime(alerts[col.WINDOW_END]) <= self.unknown_until
 
     def remember(self, alerts: pd.DataFrame) -> None:
-        for _, row in alerts.iterrows():
-            self.fields[row["alert_id"]] = _fields(row)
+        for row in records(alerts):
+            self.rows[row["alert_id"]] = row
             self.ends[row["alert_id"]] = pd.Timestamp(row[col.WINDOW_END])
 
     def forget_until(self, closed_before: pd.Timestamp) -> None:
@@ -252,7 +312,7 @@ class WrittenAlerts:
         event can change them any more)."""
         gone = [key for key, end in self.ends.items() if end <= closed_before]
         for key in gone:
-            del self.fields[key], self.ends[key]
+            del self.rows[key], self.ends[key]
 
     @classmethod
     def load(cls, spark: SparkSession, path: str, open_after: pd.Timestamp | None) -> WrittenAlerts:
@@ -267,20 +327,33 @@ class WrittenAlerts:
             return cls(unknown_until=None if newest is None or newest.t is None
                        else pd.Timestamp(newest.t))  # fmt: skip
         since = F.lit(open_after.strftime(_TIME_TEXT)).cast("timestamp")
-        rows = table.where(F.col(col.WINDOW_END) > since).select("alert_id", *_UPDATABLE).toPandas()
+        rows = table.where(F.col(col.WINDOW_END) > since).toPandas()
         written = cls(unknown_until=open_after)
         written.remember(rows)
         log.info("alerts of open windows loaded: %d", len(rows))
         return written
 
 
-def write_alerts(spark: SparkSession, raised: pd.DataFrame, final: pd.DataFrame, *, path: str,
-                 app_id: str, batch_id: int, written: WrittenAlerts,
-                 stale: pd.DataFrame | None = None) -> None:  # fmt: skip
+Publish = Callable[[pd.DataFrame], None]
+
+
+def write_alerts(
+    spark: SparkSession,
+    raised: pd.DataFrame,
+    final: pd.DataFrame,
+    *,
+    path: str,
+    app_id: str,
+    batch_id: int,
+    written: WrittenAlerts,
+    stale: pd.DataFrame | None = None,
+    publish: Publish | None = None,
+) -> None:
     """Append the alerts the table does not hold yet (``WrittenAlerts.to_write``: ``raised`` on
     a changed window, or called for by the ``final`` state of a closing one); MERGE the ``final``
     values of alerts (their window closed, or the query stopped), where they differ from the
-    table's; mark the ``stale`` ones withdrawn (``WrittenAlerts.stale``).
+    table's; mark the ``stale`` ones withdrawn (``WrittenAlerts.stale``). With ``publish``, every
+    row these writes change, as the table will hold it, is published first (``pipeline.publish``).
 
     An alert is written when first raised and, if its values changed meanwhile, once more with
     its final values. A window's rule alert is decided again every time the window changes, and
@@ -294,17 +367,26 @@ def write_alerts(spark: SparkSession, raised: pd.DataFrame, final: pd.DataFrame,
     hold all the same (``WrittenAlerts.unknown_until``) goes through the MERGE.
     """
     new, changed = written.to_write(raised, final)
-    maybe = written.maybe_written(new)
-    if (~maybe).any():
-        appended = new[~maybe]
-        idempotent_append(to_spark(spark, appended, batch_id), path, app_id, batch_id,
-                          rows=len(appended))  # fmt: skip
-    parts = [part for part in (new[maybe], changed) if len(part)]
-    if parts:
-        merged = pd.concat(parts)
+    rows = as_written(new, batch_id, batch_time())
+    maybe = written.maybe_written(rows).to_numpy()
+    appended, merged = rows[~maybe], pd.concat([rows[maybe], written.updated(changed)])
+    withdrawn = stale if stale is not None else _frame([])
+    if publish is not None:
+        after, merge_changes = merged, pd.Series(True, index=merged.index)
+        if maybe.any():  # the table may hold them: publish what the MERGE will leave there
+            held = table_rows(spark, path, rows[maybe]["alert_id"],
+                              pd.Timestamp(rows[maybe][col.WINDOW_START].min()))  # fmt: skip
+            after, merge_changes = after_merge(merged, held)
+        publish(pd.concat([appended, after[merge_changes.to_numpy()], withdrawn]))
+        merged_now = after
+    else:
+        merged_now = merged
+    if len(appended):
+        idempotent_append(to_spark(spark, appended), path, app_id, batch_id, rows=len(appended))
+    if len(merged):
         earliest = pd.Timestamp(merged[col.WINDOW_START].min()).to_pydatetime()
-        merge_alerts(to_spark(spark, merged, batch_id), path, earliest=earliest)
-    if stale is not None:
-        withdraw_alerts(spark, stale, path)
-    written.remember(new)
-    written.remember(changed)
+        merge_alerts(to_spark(spark, merged), path, earliest=earliest)
+    if len(withdrawn):
+        withdraw_alerts(spark, withdrawn, path)
+    for part in (appended, merged_now, withdrawn):
+        written.remember(part)

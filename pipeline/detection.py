@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from infra import lake
 from pipeline import columns as col
-from pipeline.alerts import WrittenAlerts, empty_alerts, write_alerts
+from pipeline.alerts import Publish, WrittenAlerts, empty_alerts, write_alerts
 from pipeline.profiles import (
     FILL,
     HISTORY_COLUMNS,
@@ -72,6 +72,16 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.set_index(FEATURE_KEYS, drop=False).rename_axis([None, None])
 
 
+def still_open(state: WindowState, changed: pd.DataFrame, watermark_s: float) -> pd.DataFrame:
+    """The ``changed`` windows the state has not closed. A closed one comes again only in a batch
+    replayed after a crash that followed its writes (Spark drops late events): it must not count
+    twice in a profile, nor raise its alerts again."""
+    if state.max_event_time is None or changed.empty:
+        return changed
+    done = state.max_event_time - pd.Timedelta(seconds=watermark_s)
+    return changed[changed[col.WINDOW_END] > done]
+
+
 def advance(
     state: WindowState,
     changed: pd.DataFrame,
@@ -84,11 +94,7 @@ def advance(
     (final states). A window closes once the latest event time seen, less the watermark, has
     passed its end: Spark's watermark for the next batch, so no later event can reach it.
     """  # fmt: skip
-    if state.max_event_time is not None and len(changed):
-        # A window the state has closed already (Spark drops its events as late): delivered
-        # again, it must not count twice in a profile.
-        done = state.max_event_time - pd.Timedelta(seconds=watermark_s)
-        changed = changed[changed[col.WINDOW_END] > done]
+    changed = still_open(state, changed, watermark_s)
     latest = changed["last_event_time"].max() if len(changed) else None
     candidates = [t for t in (state.max_event_time, latest) if t is not None and not pd.isna(t)]
     max_event_time = max(candidates) if candidates else None
@@ -260,6 +266,8 @@ class FeaturesBatchWriter:
     checkpoint: str | None = None
     # Receives the rows the model scores in each batch (tests compare them with training's).
     on_scoring: Callable[[pd.DataFrame], None] | None = None
+    # Publishes every alert change before it is written (``pipeline.publish``).
+    publish: Publish | None = None
     state: WindowState | None = None
     written: WrittenAlerts | None = None
     # A batch and ``finish`` never run side by side, even if a stop returned early.
@@ -282,7 +290,8 @@ class FeaturesBatchWriter:
         laps = _Laps()
         windows = batch.localCheckpoint(eager=True)
         laps("aggregate")
-        changed = windows.toPandas()
+        received = windows.toPandas()
+        changed = still_open(self.state, received, self.watermark_s)
         laps("to pandas")
         state, closing = advance(self.state, changed, spec=self.spec,
                                  watermark_s=self.watermark_s,
@@ -298,16 +307,16 @@ class FeaturesBatchWriter:
         laps("detect")
         write_alerts(spark, alerts, last_word, path=path(lake.ALERTS),
                      app_id=f"{self.app_id}-alerts", batch_id=batch_id,
-                     written=self.written, stale=stale)  # fmt: skip
+                     written=self.written, stale=stale, publish=self.publish)  # fmt: skip
         laps("alerts")
         if len(closing):
             closed = spark.createDataFrame(closing[windows.columns], windows.schema)
             idempotent_append(closed, path(lake.FEATURES), f"{self.app_id}-features", batch_id,
                               rows=len(closing), merge_schema=True)  # fmt: skip
-        if len(changed):
+        if len(received):
             idempotent_append(windows.withColumn(BATCH_ID, F.lit(batch_id).cast("long")),
                               path(lake.FEATURE_CHANGES), f"{self.app_id}-feature-changes",
-                              batch_id, rows=len(changed), merge_schema=True)  # fmt: skip
+                              batch_id, rows=len(received), merge_schema=True)  # fmt: skip
         laps("appends")
         log.debug("detection batch %d: %d windows changed, %d closed, %d alerts; %s", batch_id,
                   len(changed), len(closing), len(alerts), laps)  # fmt: skip
@@ -330,11 +339,11 @@ class FeaturesBatchWriter:
             return
         current = judge(self.state.open, self.state.history, rules=self.rules, spec=self.spec)
         # Values only: an alert the open windows call for now is raised by the next batch.
-        current = current[current["alert_id"].isin(self.written.fields.keys())]
+        current = current[current["alert_id"].isin(self.written.rows.keys())]
         write_alerts(spark, empty_alerts(), current, path=lake.table_path(self.lake_root,
                      lake.ALERTS), app_id=f"{self.app_id}-alerts",
                      batch_id=-1,  # unused: updates keep the batch id of the insert
-                     written=self.written)  # fmt: skip
+                     written=self.written, publish=self.publish)  # fmt: skip
 
     def _done(self, state: WindowState) -> pd.Timestamp | None:
         """Windows ending at or before this are closed: no event can change them any more."""

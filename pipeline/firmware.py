@@ -19,13 +19,23 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from infra import contract as c
 from infra import lake
 from pipeline import columns as col
-from pipeline.alerts import alert_id, merge_alerts, written_columns
+from pipeline.alerts import (
+    Publish,
+    after_merge,
+    alert_id,
+    as_written,
+    batch_time,
+    merge_alerts,
+    table_rows,
+    to_spark,
+)
 from pipeline.features import with_device
 from pipeline.sinks import idempotent_append, side_by_side
 
@@ -223,11 +233,22 @@ class FirmwareIngestWriter:
 
 @dataclass
 class TamperBatchWriter:
-    """``foreachBatch`` of the join: MERGE tamper alerts (a replayed batch changes nothing)."""
+    """``foreachBatch`` of the join: MERGE tamper alerts (a replayed batch changes nothing); with
+    ``publish``, the rows the MERGE changes are published first (``pipeline.publish``)."""
 
     lake_root: str
     window: str
+    publish: Publish | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        alerts = written_columns(tamper_alerts(batch, window=self.window), batch_id)
-        merge_alerts(alerts, lake.table_path(self.lake_root, lake.ALERTS))
+        found = tamper_alerts(batch, window=self.window).toPandas()
+        if found.empty:  # most batches: a MERGE of nothing would cost seconds
+            return
+        rows = as_written(found, batch_id, batch_time())
+        earliest = pd.Timestamp(rows[col.WINDOW_START].min())
+        path = lake.table_path(self.lake_root, lake.ALERTS)
+        if self.publish is not None:
+            after, changed = after_merge(rows, table_rows(batch.sparkSession, path,
+                                                          rows["alert_id"], earliest))  # fmt: skip
+            self.publish(after[changed.to_numpy()])
+        merge_alerts(to_spark(batch.sparkSession, rows), path, earliest=earliest.to_pydatetime())

@@ -37,6 +37,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from infra import contract as c
 from infra import lake
 from infra.errors import ConfigError
+from infra.kafka_client import ensure_topic
 from pipeline.detection import FeaturesBatchWriter
 from pipeline.features import feature_events, features_from_events
 from pipeline.firmware import (
@@ -48,12 +49,14 @@ from pipeline.firmware import (
 from pipeline.ingest import IngestBatchWriter
 from pipeline.maintenance import apply_retention
 from pipeline.metrics import MetricsListener
+from pipeline.publish import AlertPublisher, alert_publisher, client_config
 from pipeline.rules import RuleThresholds
 from pipeline.scoring import ModelScorer
 from pipeline.settings import PipelineSettings, seconds
 from pipeline.sinks import ensure_tables
 from pipeline.sources import kafka_source, raw_source
 from pipeline.transforms import first_copies, parse_events, valid_events
+from pipeline.webhook import WebhookRelay
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +137,9 @@ class Pipeline:
     # Receives the rows the model scores (see ``FeaturesBatchWriter.on_scoring``).
     on_scoring: Callable[[pd.DataFrame], None] | None = None
     detection: FeaturesBatchWriter | None = None
+    # Publishes alert changes to the alerts topic (``pipeline.publish``); None: no topic.
+    publisher: AlertPublisher | None = None
+    relay: WebhookRelay | None = None
 
     def checkpoint(self, query: str) -> str:
         return os.path.join(self.settings.checkpoint_root, query)
@@ -203,6 +209,7 @@ class Pipeline:
             app_id=s.app_id,
             checkpoint=self.checkpoint(DETECTION),
             on_scoring=self.on_scoring,
+            publish=self.publisher,
         )
         self.detection = writer
         return self._start(features, DETECTION, writer, output_mode="update")
@@ -228,18 +235,22 @@ class Pipeline:
             grace=s.firmware_grace,
             watermark=s.watermark,
         )
-        writer = TamperBatchWriter(s.lake_root, s.window)
+        writer = TamperBatchWriter(s.lake_root, s.window, publish=self.publisher)
         return self._start(unauthorized, FIRMWARE, writer, interval=s.firmware_trigger_interval)
 
     def flush_metrics(self) -> None:
         self.listener.flush(self.spark)
 
     def stop(self) -> None:
+        if self.relay is not None:
+            self.relay.stop()
         for query in self.queries:
             if query.isActive:
                 query.stop()
         self.finish_detection()
         self.flush_metrics()
+        if self.publisher is not None:
+            self.publisher.close()
 
     def finish_detection(self) -> None:
         """Once detection has stopped: its open windows' alerts get their latest values."""
@@ -264,9 +275,16 @@ def prepare(
     check_topic(settings)
     ensure_tables(spark, settings.lake_root)
     apply_retention(spark, settings)  # before any query writes: it changes table metadata
+    publisher = None
+    if settings.source == "kafka" and settings.alerts_topic:
+        publisher = alert_publisher(settings, settings.alerts_topic, like=settings.topic)
     listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS))
     spark.streams.addListener(listener)
-    return Pipeline(spark, settings, listener, model_scorer(settings), on_scoring=on_scoring)
+    # Live runs only: a catch-up run returns when the queries are done, not the receiver.
+    live = publisher is not None and settings.webhook_url and settings.trigger == "processing"
+    relay = webhook_relay(settings) if live else None
+    return Pipeline(spark, settings, listener, model_scorer(settings), on_scoring=on_scoring,
+                    publisher=publisher, relay=relay)  # fmt: skip
 
 
 def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
@@ -278,7 +296,28 @@ def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
     pipeline.start_detection()
     if pipeline.checks_firmware:
         pipeline.start_firmware()
+    if pipeline.relay is not None:
+        pipeline.relay.start()
     return pipeline
+
+
+def webhook_relay(settings: PipelineSettings) -> WebhookRelay:
+    """The relay of the alerts topic to IOT_PIPELINE_WEBHOOK_URL (``pipeline.webhook``), its
+    dead-letter topic created if absent."""
+    try:
+        ensure_topic(client_config(settings), settings.webhook_dead_letter_topic, 1)
+    except Exception as exc:
+        raise ConfigError(
+            f"Cannot create or use the webhook's dead-letter topic "
+            f"{settings.webhook_dead_letter_topic!r}: {exc}. Create it, or set "
+            "IOT_PIPELINE_WEBHOOK_DEAD_LETTER_TOPIC to a topic this user can write."
+        ) from None
+    return WebhookRelay(
+        client_config(settings), settings.alerts_topic, settings.webhook_url,
+        settings.webhook_dead_letter_topic, group=f"{settings.app_id}-webhook",
+        attempts=settings.webhook_attempts, first_delay_s=settings.webhook_first_retry_s,
+        timeout_s=settings.webhook_timeout_s,
+    )  # fmt: skip
 
 
 def run_available_now(

@@ -113,6 +113,29 @@ class PipelineSettings(CommonSettings):
         description="VACUUM deletes replaced files older than this: readers and time travel "
         "within it keep working (Delta's default, 7 days)",
     )
+    alerts_topic: str = Field(
+        default="iot.alerts",
+        description="Kafka topic every alert change is published to (JSON, keyed by device_id; "
+        "README: alerts topic), created at start if absent; empty: none. Kafka source only",
+    )
+    webhook_url: str = Field(
+        default="",
+        repr=False,
+        description="POST every message of the alerts topic to this http(s) URL (README: "
+        "webhook); empty: off. Logs show its host only",
+    )
+    webhook_attempts: int = Field(
+        default=5, ge=1, description="Tries per alert before it goes to the dead-letter topic"
+    )
+    webhook_first_retry_s: float = Field(
+        default=1.0, gt=0, description="Wait before the second try; it doubles, up to 60 s"
+    )
+    webhook_timeout_s: float = Field(default=5.0, gt=0, description="Seconds a POST may take")
+    webhook_dead_letter_topic: str = Field(
+        default="iot.alerts.dead-letter",
+        description="Topic of the alerts the webhook could not deliver: the alert, the tries, "
+        "the last error",
+    )
     rule_thresholds: str = Field(
         default="",
         description='Rule thresholds per device type as JSON, e.g. {"*": {"flood_factor": 4}, '
@@ -155,6 +178,22 @@ class PipelineSettings(CommonSettings):
 
         RuleThresholds.parse(value)  # a ValueError names what is wrong
         return value
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if value and not re.match(r"^https?://[^/]+", value):
+            raise ValueError("expected an http:// or https:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _webhook_reads_the_alerts_topic(self) -> PipelineSettings:
+        if self.webhook_url and not (self.alerts_topic and self.webhook_dead_letter_topic):
+            raise ValueError(
+                "IOT_PIPELINE_WEBHOOK_URL relays the alerts topic: set IOT_PIPELINE_ALERTS_TOPIC "
+                "and IOT_PIPELINE_WEBHOOK_DEAD_LETTER_TOPIC, or leave the URL empty"
+            )
+        return self
 
     @model_validator(mode="after")
     def _with_security_options(self) -> PipelineSettings:

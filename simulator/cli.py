@@ -19,6 +19,7 @@ from typing import Any
 
 from infra import contract as c
 from infra.errors import ConfigError, SetupError
+from infra.kafka_client import ensure_topic
 from infra.logs import configure_logging
 from infra.settings import load_settings
 from simulator import registry as reg
@@ -28,7 +29,6 @@ from simulator.producer import (
     admin_config,
     check_producer_options,
     default_start,
-    ensure_topic,
     producer_config,
     run_simulation,
     runs_ahead_of_wall_clock,

@@ -23,10 +23,9 @@ from itertools import repeat
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from infra.errors import ConfigError
-from infra.kafka_client import connect, librdkafka_options
+from infra.kafka_client import librdkafka_options
 from simulator.scenarios import GroundTruthRow, write_ground_truth
 from simulator.settings import SimulatorSettings, redact
 from simulator.telemetry import Batch, Simulation
@@ -64,29 +63,6 @@ def admin_config(settings: SimulatorSettings) -> dict[str, Any]:
         **settings.kafka_options,
         "bootstrap.servers": settings.bootstrap_servers,
     }
-
-
-def ensure_topic(
-    conf: dict[str, Any], topic: str, partitions: int, replication: int = 1, timeout_s: float = 30
-) -> bool:
-    """Create ``topic`` with ``partitions`` if absent; True when this call created it.
-
-    Raises:
-        KafkaAccessError: the broker refused the login or the TLS handshake.
-    """
-    admin, metadata = connect(conf, timeout_s)
-    if topic in metadata.topics and metadata.topics[topic].error is None:
-        return False
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions,
-                                            replication_factor=replication)])  # fmt: skip
-    try:
-        futures[topic].result(timeout=timeout_s)
-    except KafkaException as exc:
-        if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
-            return False
-        raise
-    log.info("topic %s created with %d partitions", topic, partitions)
-    return True
 
 
 class TokenBucket:

@@ -102,3 +102,55 @@ def produce_at(
 
 def encoded(events: Iterable[dict[str, Any]]) -> list[tuple[str | None, bytes]]:
     return [(e["device_id"], json.dumps(e).encode()) for e in events]
+
+
+def topic_messages(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Any]:
+    """Every message in ``topic`` now, in offset order per partition."""
+    import time
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"it-{uuid.uuid4()}",
+                         "enable.auto.commit": False})  # fmt: skip
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+                for p in partitions}  # fmt: skip
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        found: list[Any] = []
+        read = dict.fromkeys(partitions, 0)
+        deadline = time.monotonic() + timeout_s
+        while any(read[p] < ends[p] for p in partitions):
+            assert time.monotonic() < deadline, f"{topic}: read {read} of {ends}"
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            found.append(message)
+            read[message.partition()] = message.offset() + 1
+        return found
+    finally:
+        consumer.close()
+
+
+def latest_alerts(bootstrap: str, topic: str) -> dict[str, dict[str, Any]]:
+    """The alerts topic as a consumer keeping each alert's latest message sees it; every message
+    keyed by its alert's device."""
+    from pipeline.publish import read_alert_message
+
+    latest: dict[str, dict[str, Any]] = {}
+    for message in topic_messages(bootstrap, topic):
+        record = read_alert_message(message.value())
+        assert message.key().decode() == record["device_id"]
+        latest[record["alert_id"]] = record
+    return latest
+
+
+def table_alerts(spark: Any, lake_root: str) -> dict[str, dict[str, Any]]:
+    """The ``alerts`` table's rows by ``alert_id``, as ``latest_alerts`` gives them."""
+    rows = spark.read.format("delta").load(lake.table_path(lake_root, lake.ALERTS)).collect()
+
+    def value(cell: Any) -> Any:
+        return cell.replace(tzinfo=timezone.utc) if isinstance(cell, datetime) else cell
+
+    return {r.alert_id: {k: value(v) for k, v in r.asDict().items()} for r in rows}

@@ -23,7 +23,15 @@ from tests.mlflow_helpers import (
     register_busy_window_model,
     register_model,
 )
-from tests.pipeline_helpers import device_series, encoded, produce, write_registry
+from tests.pipeline_helpers import (
+    device_series,
+    encoded,
+    latest_alerts,
+    produce,
+    table_alerts,
+    topic_messages,
+    write_registry,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -149,14 +157,20 @@ def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_s
 
 
 def test_a_rule_alert_its_finished_window_does_not_call_for_is_withdrawn(
-    spark: Any, lake: str, tmp_path: Path
+    spark: Any, lake: str, tmp_path: Path, bootstrap: str, make_topic: Callable[..., str]
 ) -> None:
+    """... and every change is published to the alerts topic before it is written: the latest
+    message of each alert is its row in the table."""
     from pipeline.features import features_from_events
+    from pipeline.publish import AlertPublisher
     from pipeline.sinks import ensure_tables
     from tests.unit.pipeline.test_rules import events_df, registry_df
 
     ensure_tables(spark, lake)
-    writer = FeaturesBatchWriter(lake, ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent"))
+    topic = make_topic(partitions=2)
+    publish = AlertPublisher({"bootstrap.servers": bootstrap}, topic)
+    writer = FeaturesBatchWriter(lake, ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent"),
+                                 publish=publish)  # fmt: skip
     start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
     # "stuck" reads 21.5 °C for its first five minutes, then varies; "clean" 21.5 °C all along.
     recovers = device_series("stuck", start, 120)
@@ -186,10 +200,18 @@ def test_a_rule_alert_its_finished_window_does_not_call_for_is_withdrawn(
         ("clean", first[0]): "raised", ("clean", start): "raised",
     }  # fmt: skip
     assert [k for k, status in after.items() if status == "withdrawn"] == [("stuck", start)]
+    assert latest_alerts(bootstrap, topic) == table_alerts(spark, lake)
+    published = len(topic_messages(bootstrap, topic))
     table = spark.read.format("delta").load(lake_table(lake, "alerts")).drop("detected_at")
     before = sorted(table.collect())
-    writer(windows(recovers + constant), 1)  # replayed after a crash: nothing changes
+    # Replayed after a crash that came after its writes: a new writer, its state read from the
+    # tables, decides the same and writes and publishes nothing.
+    replayed = FeaturesBatchWriter(
+        lake, ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent"), publish=publish
+    )
+    replayed(windows(recovers + constant), 1)
     assert sorted(table.collect()) == before
+    assert len(topic_messages(bootstrap, topic)) == published
 
 
 def test_windows_rebuilt_from_the_topic_raise_no_alert_twice(

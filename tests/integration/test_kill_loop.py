@@ -9,7 +9,8 @@ type, with the same values. A rule alert raised while its window was still filli
 when the finished window did not call for it, exists or not depending on how the input was cut
 into micro-batches, in any live run, killed or not; the test checks that the two runs never
 disagree about one: an alert both runs raised has the same status in both, and one that only
-one run raised was withdrawn there.
+one run raised was withdrawn there. The killed run also publishes to an alerts topic: batches
+replayed after the kills publish again, never something the table contradicts.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pipeline import job
 from pipeline.settings import PipelineSettings, seconds
 from tests.integration.test_exactly_once import delta_rows, snapshot
 from tests.mlflow_helpers import MODEL, register_busy_window_model
-from tests.pipeline_helpers import encoded, make_event, produce_at
+from tests.pipeline_helpers import encoded, latest_alerts, make_event, produce_at, table_alerts
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -52,6 +53,7 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
 ) -> None:
     rng = random.Random(20261123)
     topic, firmware_topic = f"killloop.{os.getpid()}", f"killloop.{os.getpid()}.firmware"
+    alerts_topic = f"killloop.{os.getpid()}.alerts"
     killed_lake, reference_lake = str(tmp_path / "killed"), str(tmp_path / "reference")
     # A champion that scores busy windows high: model alerts on the windows the watermark closes.
     models = f"sqlite:///{tmp_path / 'models.db'}"
@@ -59,7 +61,7 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
     env = {
         **os.environ, **WINDOWING,
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "IOT_TOPIC": topic,
-        "IOT_FIRMWARE_TOPIC": firmware_topic,
+        "IOT_FIRMWARE_TOPIC": firmware_topic, "IOT_PIPELINE_ALERTS_TOPIC": alerts_topic,
         "IOT_LAKE_ROOT": killed_lake, "IOT_PIPELINE_CHECKPOINT_ROOT": str(tmp_path / "cp"),
         "IOT_PIPELINE_MAX_OFFSETS_PER_TRIGGER": "2000",
         "MLFLOW_TRACKING_URI": models, "IOT_MODEL_NAME": MODEL,
@@ -120,7 +122,8 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
     job_settings = PipelineSettings(
         lake_root=reference_lake, checkpoint_root=str(tmp_path / "reference-cp"),
         bootstrap_servers=bootstrap, topic=topic, max_offsets_per_trigger=2000,
-        firmware_topic=firmware_topic, mlflow_tracking_uri=models, model_name=MODEL,
+        firmware_topic=firmware_topic, alerts_topic="", mlflow_tracking_uri=models,
+        model_name=MODEL,
         **{k.removeprefix("IOT_PIPELINE_").lower(): v for k, v in WINDOWING.items()},
     )  # fmt: skip
     spark.read.format("delta").load(tables.table_path(killed_lake, "devices")).write.format(
@@ -162,3 +165,6 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
     for name, other in (("killed", "reference"), ("reference", "killed")):
         alone = {status[name][k] for k in status[name].keys() - status[other].keys()}
         assert alone <= {c.ALERT_WITHDRAWN}, f"alerts only the {name} run raised still stand"
+    # The alerts topic of the killed run: each alert's latest message is its row in the table,
+    # on every column, although batches were replayed after each kill.
+    assert latest_alerts(bootstrap, alerts_topic) == table_alerts(spark, killed_lake)

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import pandas as pd
+from pandas.testing import assert_frame_equal
 
-from pipeline.alerts import WrittenAlerts, alert_frame
+from pipeline.alerts import (
+    TABLE_COLUMNS,
+    WrittenAlerts,
+    after_merge,
+    alert_frame,
+    as_written,
+    records,
+)
 
 T0 = pd.Timestamp("2026-11-25 08:00:00")
+NOW = pd.Timestamp("2026-11-25 08:04:30.123456")
 
 
 def alerts(*rows: tuple[str, float, str]) -> pd.DataFrame:
@@ -49,9 +58,9 @@ def test_alerts_of_closed_windows_are_forgotten() -> None:
     written = WrittenAlerts()
     written.remember(alerts(("d1", 0.5, "40 events")))
     written.forget_until(T0 + pd.Timedelta(minutes=9))
-    assert len(written.fields) == 1
+    assert len(written.rows) == 1
     written.forget_until(T0 + pd.Timedelta(minutes=10))
-    assert not written.fields
+    assert not written.rows
 
 
 def test_an_alert_only_the_final_state_of_a_window_calls_for_is_written() -> None:
@@ -65,3 +74,38 @@ def test_an_alert_only_the_final_state_of_a_window_calls_for_is_written() -> Non
     # d2 raised in this batch and closed by it: written once, with its final values.
     assert sorted(zip(new["device_id"], new["score"], strict=True)) == [("d2", 0.7), ("d3", 0.9)]
     assert list(changed["device_id"]) == ["d1"]
+
+
+def test_a_withdrawn_alert_is_its_row_as_written_marked_withdrawn_once() -> None:
+    written = WrittenAlerts()
+    raised = as_written(alerts(("d1", 0.5, "40 events"), ("d2", 0.5, "40 events")), 3, NOW)
+    written.remember(raised)
+    closing = raised[["device_id", "window_start", "window_end"]]
+    final = raised[raised["device_id"] == "d2"]  # the finished windows call for d2's only
+    stale = written.stale(closing, final, ["flood"])
+    expected = raised[raised["device_id"] == "d1"].assign(status="withdrawn")
+    assert_frame_equal(
+        stale.reset_index(drop=True), expected.reset_index(drop=True), check_dtype=False
+    )
+    written.remember(stale)
+    assert written.stale(closing, final, ["flood"]).empty  # withdrawn already: not again
+
+
+def test_changed_values_keep_the_first_detection_and_after_merge_says_what_changes() -> None:
+    written = WrittenAlerts()
+    raised = as_written(alerts(("d1", 0.5, "40 events")), 3, NOW)
+    written.remember(raised)
+    _, changed = written.split(alerts(("d1", 0.8, "60 events")))
+    updated = written.updated(changed)
+    assert list(updated.columns) == TABLE_COLUMNS
+    assert updated.loc[0, "score"] == 0.8 and updated.loc[0, "reasons"] == ["60 events"]
+    assert updated.loc[0, "detected_at"] == NOW and updated.loc[0, "batch_id"] == 3
+    # The MERGE of those values into a table holding the raised row changes it; of the raised
+    # row itself, nothing; a row the table lacks is inserted as it is.
+    later = as_written(alerts(("d1", 0.8, "60 events"), ("d9", 0.6, "45 events")), 7, NOW)
+    held = {row["alert_id"]: row for row in records(raised)}
+    after, changes = after_merge(later, held)
+    assert list(changes) == [True, True]
+    assert after.loc[0, "detected_at"] == NOW and after.loc[0, "batch_id"] == 3
+    assert after.loc[1, "batch_id"] == 7
+    assert list(after_merge(raised, held)[1]) == [False]

@@ -20,3 +20,13 @@ def test_a_dedup_horizon_shorter_than_the_watermark_is_refused() -> None:
 def test_live_batches_are_bounded_by_default_above_what_5000_events_per_s_need() -> None:
     # 5,000 events/s with 25,000 devices: batches of 12-20 s on two cores (docs/PERFORMANCE.md).
     assert 5000 * 20 <= PipelineSettings().max_offsets_per_trigger < 1_000_000
+
+
+def test_a_webhook_needs_the_alerts_topic_and_an_http_url() -> None:
+    with pytest.raises(ConfigError, match="IOT_PIPELINE_WEBHOOK_URL relays the alerts topic"):
+        load_settings(PipelineSettings, webhook_url="https://pager.example/hook", alerts_topic="")
+    with pytest.raises(ConfigError, match="http:// or https://"):
+        load_settings(PipelineSettings, webhook_url="pager.example/hook")
+    settings = load_settings(PipelineSettings, webhook_url="https://pager.example/hook?k=1")
+    assert settings.alerts_topic == "iot.alerts"
+    assert "pager.example" not in repr(settings)  # a URL can hold a token

@@ -1,0 +1,188 @@
+"""The webhook relay: every message of the alerts topic is POSTed to a URL, retried with backoff;
+one that cannot be delivered goes to a dead-letter topic.
+
+The relay is a Kafka consumer of the alerts topic (``pipeline.publish``) in a group of its own,
+on a thread of the pipeline process. The stream never waits for it: a slow or dead receiver
+delays the POSTs, not the alerts. A message's offset is committed once it was delivered or
+dead-lettered, so after a crash or a stop the relay resumes where it was: at least once, like the
+topic. The receiver drops copies by ``alert_id`` (also sent as the ``X-Alert-Id`` header) and
+``status``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, Message, Producer
+
+log = logging.getLogger(__name__)
+
+# Retrying these may succeed; any other 4xx means the receiver refuses this message as it is.
+_RETRYABLE_STATUS = {408, 425, 429}
+_MAX_DELAY_S = 60.0
+
+
+class DeliveryError(Exception):
+    def __init__(self, reason: str, *, retryable: bool) -> None:
+        super().__init__(reason)
+        self.retryable = retryable
+
+
+def where(url: str) -> str:
+    """The URL as logs and dead letters show it: scheme, host and port (a path or query can hold
+    a token)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+
+
+def post(url: str, body: bytes, *, alert_id: str, timeout_s: float) -> None:
+    """POST ``body`` as JSON; returns on a 2xx answer.
+
+    Raises:
+        DeliveryError: any other answer, or none; ``retryable`` says whether to try again.
+    """
+    request = urllib.request.Request(
+        url, data=body, method="POST",
+        headers={"Content-Type": "application/json", "X-Alert-Id": alert_id},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            answer.read()
+    except urllib.error.HTTPError as exc:
+        retryable = exc.code >= 500 or exc.code in _RETRYABLE_STATUS
+        raise DeliveryError(f"HTTP {exc.code} {exc.reason}", retryable=retryable) from None
+    except (urllib.error.URLError, OSError) as exc:  # refused, unreachable, timed out
+        reason = getattr(exc, "reason", exc)
+        raise DeliveryError(f"no answer: {reason}", retryable=True) from None
+
+
+def delays(attempts: int, first_s: float) -> list[float]:
+    """The waits between ``attempts`` tries: ``first_s``, doubling, at most a minute each."""
+    return [min(first_s * 2**i, _MAX_DELAY_S) for i in range(max(0, attempts - 1))]
+
+
+def dead_letter(message: bytes, *, url: str, attempts: int, error: str) -> bytes:
+    """The dead-letter record of an alert message that could not be delivered."""
+    try:
+        alert: Any = json.loads(message)
+    except ValueError:
+        alert = message.decode(errors="replace")
+    return json.dumps({
+        "alert": alert, "url": where(url), "attempts": attempts, "error": error,
+        "failed_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+    }).encode()  # fmt: skip
+
+
+@dataclass
+class WebhookRelay:
+    """Relays the alerts ``topic`` to ``url`` on a thread of its own (``start``, ``stop``)."""
+
+    conf: dict[str, Any]  # librdkafka options: bootstrap servers and security
+    topic: str
+    url: str
+    dead_letter_topic: str
+    group: str
+    attempts: int = 5
+    first_delay_s: float = 1.0
+    timeout_s: float = 5.0
+    send: Callable[..., None] = post
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def start(self) -> WebhookRelay:
+        self._thread = threading.Thread(target=self._run, name="webhook-relay", daemon=True)
+        self._thread.start()
+        log.info("webhook relay: alerts of topic %s to %s", self.topic, where(self.url))
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        from confluent_kafka import Consumer, Producer
+
+        consumer = Consumer({
+            **self.conf, "group.id": self.group, "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        })  # fmt: skip
+        producer = Producer({**self.conf, "enable.idempotence": True, "acks": "all"})
+        consumer.subscribe([self.topic])
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._relay_next(consumer, producer)
+                except Exception:  # never let the relay die: the next poll tries again
+                    log.exception("webhook relay: unexpected error; retrying in 5 s")
+                    self._stop.wait(5.0)
+        finally:
+            consumer.close()
+            producer.flush(10)
+
+    def _relay_next(self, consumer: Consumer, producer: Producer) -> None:
+        from confluent_kafka import TopicPartition
+
+        message = consumer.poll(1.0)
+        if message is None:
+            return
+        if message.error() is not None:
+            log.warning("webhook relay: %s", message.error())
+            return
+        try:
+            delivered = self._deliver(message, producer)
+        except Exception:
+            # Read again after the pause, not skipped: a later commit would pass over it.
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            assert topic is not None and partition is not None and offset is not None
+            consumer.seek(TopicPartition(topic, partition, offset))
+            raise
+        if delivered:
+            consumer.commit(message=message, asynchronous=False)
+
+    def _deliver(self, message: Message, producer: Producer) -> bool:
+        """True once delivered or dead-lettered; False when stopped before either (the message
+        stays uncommitted and is relayed after the next start)."""
+        body = message.value() or b""
+        alert_id = _alert_id(body)
+        waits = delays(self.attempts, self.first_delay_s)
+        tried = 0
+        error = ""
+        while True:
+            tried += 1
+            try:
+                self.send(self.url, body, alert_id=alert_id, timeout_s=self.timeout_s)
+                return True
+            except DeliveryError as exc:
+                error = str(exc)
+                if not exc.retryable or tried > len(waits):
+                    break
+                wait = waits[tried - 1]
+                log.info("webhook: alert %s not delivered (%s); try %d of %d in %.1f s",
+                         alert_id[:12], error, tried + 1, self.attempts, wait)  # fmt: skip
+                if self._stop.wait(wait):
+                    return False
+        log.warning("webhook: alert %s not delivered after %d tries (%s): to topic %s",
+                    alert_id[:12], tried, error, self.dead_letter_topic)  # fmt: skip
+        record = dead_letter(body, url=self.url, attempts=tried, error=error)
+        producer.produce(self.dead_letter_topic, key=message.key(), value=record)
+        if producer.flush(30):
+            raise RuntimeError(f"dead-letter topic {self.dead_letter_topic!r} did not acknowledge")
+        return True
+
+
+def _alert_id(body: bytes) -> str:
+    try:
+        return str(json.loads(body).get("alert_id", ""))
+    except (ValueError, AttributeError):
+        return ""

@@ -140,3 +140,39 @@ def ensure_topic(
         raise
     log.info("topic %s created with %d partitions", topic, partitions)
     return True
+
+
+def read_topic(conf: dict[str, Any], topic: str, timeout_s: float = 60.0) -> list[Any]:
+    """Every message ``topic`` holds now (up to its end offsets when called), in offset order
+    per partition; for summaries and tests, not for streams.
+
+    Raises:
+        TimeoutError: the end was not reached within ``timeout_s``.
+    """
+    import uuid
+
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer({**conf, "group.id": f"iotfraud-read-{uuid.uuid4()}",
+                         "enable.auto.commit": False})  # fmt: skip
+    try:
+        partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+                for p in partitions}  # fmt: skip
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        found: list[Any] = []
+        read = dict.fromkeys(partitions, 0)
+        deadline = time.monotonic() + timeout_s
+        while any(read[p] < ends[p] for p in partitions):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topic {topic}: read to offsets {read} of {ends}")
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            if message.error() is not None:
+                raise KafkaException(message.error())
+            found.append(message)
+            read[message.partition()] = (message.offset() or 0) + 1
+        return found
+    finally:
+        consumer.close()

@@ -240,9 +240,26 @@ def messages_in_topic(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def summary(lake_root: str, produced: int | None = None, checkpoint_root: str | None = None) -> str:
-    """What the demo ends with: messages produced, row counts, alerts by type, quality per
-    scenario, latency."""
+def alerts_topic_line(bootstrap_servers: str, topic: str) -> str:
+    """How many messages the alerts topic holds, for how many alerts, and how to read it."""
+    import json
+
+    from infra.kafka_client import read_topic
+
+    messages = read_topic({"bootstrap.servers": bootstrap_servers}, topic)
+    alerts = {json.loads(m.value())["alert_id"] for m in messages}
+    return (f"alerts topic {topic}: {len(messages):,} messages for {len(alerts):,} alerts "
+            f"(kcat -C -b {bootstrap_servers} -t {topic})")  # fmt: skip
+
+
+def summary(
+    lake_root: str,
+    produced: int | None = None,
+    checkpoint_root: str | None = None,
+    published: str | None = None,
+) -> str:
+    """What the demo ends with: messages produced, row counts, alerts by type (and the alerts
+    topic's line, ``published``), quality per scenario, latency."""
     latency = alert_latency(lake_root, checkpoint_root)
     latency_line = (
         "alert latency (Kafka -> alert committed): n/a (no alerts)"
@@ -257,6 +274,7 @@ def summary(lake_root: str, produced: int | None = None, checkpoint_root: str | 
         "summary: " + progress_line(lake_root),
         "alerts by type: " + (", ".join(f"{t} {n:,}" for t, n in by_type.most_common()) or "none"),
         f"withdrawn when their window closed (not counted above): {statuses[c.ALERT_WITHDRAWN]:,}",
+        *([] if published is None else [published]),
         "detection against ground truth (an injection is detected when an alert of its type "
         "overlaps it on its device):",
         detection_summary(lake_root),
@@ -408,7 +426,9 @@ def supervise(
     children.stop()
     from pipeline.settings import PipelineSettings
 
-    checkpoints = load_settings(PipelineSettings).checkpoint_root
+    pipeline = load_settings(PipelineSettings)
     produced = messages_in_topic(bootstrap_servers, common.topic)
-    print("\n" + summary(common.lake_root, produced, checkpoints))
+    published = (alerts_topic_line(bootstrap_servers, pipeline.alerts_topic)
+                 if pipeline.alerts_topic else None)  # fmt: skip
+    print("\n" + summary(common.lake_root, produced, pipeline.checkpoint_root, published))
     return 0

@@ -1,9 +1,10 @@
 """Alert rows, in one place: the deterministic ``alert_id``, the row every detector produces, and
 the idempotent writes into the ``alerts`` table.
 
-Detectors decide on the driver in pandas (``pipeline.rules``, ``pipeline.scoring``) or in Spark
-(``pipeline.firmware``); both build ``alert_id`` from the same text, so a (device, window start,
-alert type) has one id whichever path raised it.
+Detectors (``pipeline.rules``, ``pipeline.scoring``, ``pipeline.firmware``) decide on the driver,
+in pandas, and make their alert rows with ``alert_frame``: a (device, window start, alert type)
+has one id whichever detector raised it. Every change an alert write makes can be published
+first (``pipeline.publish``).
 
 A rule alert raised while its window fills is provisional: the window's verdict may change as
 events arrive (readings that vary again, a late event between two positions). When the watermark
@@ -24,7 +25,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 from delta.tables import DeltaTable
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from infra import contract as c
@@ -46,13 +47,10 @@ _UPDATABLE = ("severity", "score", "reasons", "window_end", "first_event_time", 
 _TIME_TEXT = "%Y-%m-%d %H:%M:%S"
 
 
-def alert_id(device_id: Column, alert_type: Column, window_start: Column) -> Column:
-    """Deterministic key: the same device, window and type always give the same id."""
-    return F.sha2(F.concat_ws("|", device_id, alert_type, window_start.cast("string")), 256)
-
-
 def alert_id_of(device_id: str, alert_type: str, window_start: datetime) -> str:
-    """``alert_id`` computed in Python (windows start on whole seconds)."""
+    """Deterministic key: the same device, window and type always give the same id. In SQL:
+    ``sha2(concat_ws('|', device_id, alert_type, CAST(window_start AS STRING)), 256)`` (windows
+    start on whole seconds)."""
     text = f"{device_id}|{alert_type}|{window_start.strftime(_TIME_TEXT)}"
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -192,6 +190,12 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 def _frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(list(rows), columns=TABLE_COLUMNS)
+
+
+def _concat(*parts: pd.DataFrame) -> pd.DataFrame:
+    """Table rows of ``parts`` (TABLE_COLUMNS) in one frame; empty parts are left out."""
+    found = [part for part in parts if len(part)]
+    return pd.concat(found, ignore_index=True) if found else _frame([])
 
 
 def table_rows(
@@ -369,7 +373,7 @@ def write_alerts(
     new, changed = written.to_write(raised, final)
     rows = as_written(new, batch_id, batch_time())
     maybe = written.maybe_written(rows).to_numpy()
-    appended, merged = rows[~maybe], pd.concat([rows[maybe], written.updated(changed)])
+    appended, merged = rows[~maybe], _concat(rows[maybe], written.updated(changed))
     withdrawn = stale if stale is not None else _frame([])
     if publish is not None:
         after, merge_changes = merged, pd.Series(True, index=merged.index)
@@ -377,7 +381,7 @@ def write_alerts(
             held = table_rows(spark, path, rows[maybe]["alert_id"],
                               pd.Timestamp(rows[maybe][col.WINDOW_START].min()))  # fmt: skip
             after, merge_changes = after_merge(merged, held)
-        publish(pd.concat([appended, after[merge_changes.to_numpy()], withdrawn]))
+        publish(_concat(appended, after[merge_changes.to_numpy()], withdrawn))
         merged_now = after
     else:
         merged_now = merged

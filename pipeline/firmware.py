@@ -29,7 +29,7 @@ from pipeline import columns as col
 from pipeline.alerts import (
     Publish,
     after_merge,
-    alert_id,
+    alert_frame,
     as_written,
     batch_time,
     merge_alerts,
@@ -180,8 +180,9 @@ def unauthorized_changes(
     )
 
 
-def tamper_alerts(unauthorized: DataFrame, *, window: str) -> DataFrame:
-    """One ``firmware_tamper`` alert per device and window of ``unauthorized_changes`` rows.
+def tamper_windows(unauthorized: DataFrame, *, window: str) -> DataFrame:
+    """Per device and window of ``unauthorized_changes`` rows: the window, its first and last
+    unauthorized event times, the firmware reported and the one expected.
 
     Windows are tumbling, ``window`` long, so the alert_id of a device's window is the same in
     every micro-batch. Not for streams: use it inside ``foreachBatch`` or on static data.
@@ -194,21 +195,18 @@ def tamper_alerts(unauthorized: DataFrame, *, window: str) -> DataFrame:
         F.first("expected_firmware").alias("expected_firmware"),
     )
     return grouped.select(
-        alert_id(F.col("device_id"), F.lit(TAMPER), F.col("w.start")).alias("alert_id"),
-        "device_id",
-        F.lit(TAMPER).alias("alert_type"),
-        F.lit("critical").alias("severity"),
-        F.lit(1.0).alias("score"),
-        F.array(F.format_string(
-            "firmware %s reported with no authorized update (registry expects %s)",
-            F.col("firmware"), F.col("expected_firmware"))).alias("reasons"),
-        F.lit(None).cast("string").alias("model_name"),
-        F.lit(None).cast("string").alias("model_version"),
-        F.col("w.start").alias(col.WINDOW_START),
-        F.col("w.end").alias(col.WINDOW_END),
-        "first_event_time",
-        "last_event_time",
+        "device_id", F.col("w.start").alias(col.WINDOW_START), F.col("w.end").alias(col.WINDOW_END),
+        "first_event_time", "last_event_time", "firmware", "expected_firmware",
     )  # fmt: skip
+
+
+def tamper_alerts(windows: pd.DataFrame) -> pd.DataFrame:
+    """One ``firmware_tamper`` alert per row of ``tamper_windows`` (DETECTOR_COLUMNS)."""
+    reasons = [
+        f"firmware {found} reported with no authorized update (registry expects {expected})"
+        for found, expected in zip(windows["firmware"], windows["expected_firmware"], strict=True)
+    ]
+    return alert_frame(windows, TAMPER, "critical", 1.0, pd.Series(reasons, index=windows.index))
 
 
 @dataclass
@@ -241,10 +239,10 @@ class TamperBatchWriter:
     publish: Publish | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        found = tamper_alerts(batch, window=self.window).toPandas()
-        if found.empty:  # most batches: a MERGE of nothing would cost seconds
+        windows = tamper_windows(batch, window=self.window).toPandas()
+        if windows.empty:  # most batches: a MERGE of nothing would cost seconds
             return
-        rows = as_written(found, batch_id, batch_time())
+        rows = as_written(tamper_alerts(windows), batch_id, batch_time())
         earliest = pd.Timestamp(rows[col.WINDOW_START].min())
         path = lake.table_path(self.lake_root, lake.ALERTS)
         if self.publish is not None:

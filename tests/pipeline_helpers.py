@@ -104,33 +104,11 @@ def encoded(events: Iterable[dict[str, Any]]) -> list[tuple[str | None, bytes]]:
     return [(e["device_id"], json.dumps(e).encode()) for e in events]
 
 
-def topic_messages(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Any]:
+def topic_messages(bootstrap: str, topic: str) -> list[Any]:
     """Every message in ``topic`` now, in offset order per partition."""
-    import time
+    from infra.kafka_client import read_topic
 
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"it-{uuid.uuid4()}",
-                         "enable.auto.commit": False})  # fmt: skip
-    try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-                for p in partitions}  # fmt: skip
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        found: list[Any] = []
-        read = dict.fromkeys(partitions, 0)
-        deadline = time.monotonic() + timeout_s
-        while any(read[p] < ends[p] for p in partitions):
-            assert time.monotonic() < deadline, f"{topic}: read {read} of {ends}"
-            message = consumer.poll(1.0)
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            found.append(message)
-            read[message.partition()] = message.offset() + 1
-        return found
-    finally:
-        consumer.close()
+    return read_topic({"bootstrap.servers": bootstrap}, topic)
 
 
 def latest_alerts(bootstrap: str, topic: str) -> dict[str, dict[str, Any]]:

@@ -88,6 +88,16 @@ def test_bounded_demo_detects_every_injected_scenario(
                       (item.rsplit(" ", 1) for item in by_type.group(1).split(", "))}  # fmt: skip
     assert sum(counts_by_type.values()) == alerts
 
+    # Every alert in the table, standing or withdrawn, was published to the alerts topic.
+    withdrawn = re.search(
+        r"withdrawn when their window closed \(not counted above\): ([\d,]+)", out
+    )
+    published = re.search(r"alerts topic iot\.alerts: ([\d,]+) messages for ([\d,]+) alerts", out)
+    assert withdrawn and published, out[-4000:]
+    messages, published_alerts = (int(n.replace(",", "")) for n in published.groups())
+    assert published_alerts == alerts + int(withdrawn.group(1).replace(",", ""))
+    assert messages >= published_alerts
+
     table = summary_table(out)
     injected = {s: row for s, row in table.items() if s in c.FRAUD_SCENARIOS}
     assert set(injected) == set(c.FRAUD_SCENARIOS), out[-4000:]

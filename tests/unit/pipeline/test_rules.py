@@ -10,7 +10,6 @@ import pytest
 from pyspark.sql import functions as F
 
 from infra import contract as c
-from pipeline.alerts import alert_id
 from pipeline.features import features_from_events
 from pipeline.profiles import LEARNED_RATE, learned_distinct
 from pipeline.rules import RuleThresholds, rule_alerts
@@ -111,16 +110,13 @@ def test_alert_ids_are_deterministic(spark: Any) -> None:
     first = sorted(rule_alerts(features.toPandas())["alert_id"])
     second = sorted(rule_alerts(features.toPandas())["alert_id"])
     assert first == second and len(first) == len(set(first)) > 0
-    # The same id as Spark's expression (the firmware check builds its ids in Spark).
-    spark_ids = sorted(
-        r.alert_id
-        for r in features.select(
-            alert_id(F.col("device_id"), F.lit("rogue_device"), F.col("window_start")).alias(
-                "alert_id"
-            )
-        ).collect()
+    # The same id as SQL computes it from the alert's columns (README: the alerts table).
+    text = F.concat_ws("|", F.col("device_id"), F.lit("rogue_device"),
+                       F.col("window_start").cast("string"))  # fmt: skip
+    sql_ids = sorted(
+        r.alert_id for r in features.select(F.sha2(text, 256).alias("alert_id")).collect()
     )
-    assert first == spark_ids
+    assert first == sql_ids
 
 
 def test_no_location_is_no_travel(spark: Any) -> None:

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
+import json
+import sys
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import polars as pl
+import pyarrow as pa
 import pytest
+import streamlit as st
+from deltalake import write_deltalake
+from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
 from dashboard import auth, data, login
+from infra import contract as c
 from infra import lake
 from tests.dashboard_fixtures import (
     MARKUP_REASON,
@@ -36,6 +48,12 @@ def mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return champion_store(tmp_path_factory.mktemp("mlflow"))
 
 
+@pytest.fixture(autouse=True)
+def no_cached_reads() -> None:
+    """The pages' reads are cached in the process, as in a server: each test starts without."""
+    st.cache_data.clear()
+
+
 @pytest.fixture
 def app_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pytest.MonkeyPatch]:
     """The app's settings come from the environment, as under ``iotfraud dashboard``."""
@@ -56,6 +74,51 @@ def open_page(page: str) -> AppTest:
 
 def metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
+
+
+def listed_alerts(at: AppTest) -> list[str]:
+    return list(at.dataframe[0].value["alert_id"])
+
+
+def click_alert(at: AppTest, alert_id: str, *, on_cell: bool = False) -> AppTest:
+    """What the browser sends for a click on the alert's row: its box, or one of its cells."""
+    row = listed_alerts(at).index(alert_id)
+    selection: dict[str, Any] = {"rows": [], "columns": [], "cells": [[row, "severity"]]}
+    if not on_cell:
+        selection = {"rows": [row], "columns": [], "cells": []}
+    at.session_state["alert_table"] = {"selection": selection}
+    return at.run()
+
+
+def address_alert(at: AppTest) -> str | None:
+    """The alert id in the page's address (``?alert=``)."""
+    value = at.query_params.get("alert")
+    # Older Streamlit releases (1.56) give AppTest's query parameters as lists.
+    return value[-1] if isinstance(value, list) else value
+
+
+def highlighted_alerts(at: AppTest) -> list[str]:
+    ids = listed_alerts(at)
+    return [ids[row] for row in at.session_state["alert_table"]["selection"]["rows"]]
+
+
+def data_as_of(at: AppTest) -> str:
+    return next(c.value for c in at.caption if c.value.startswith("Data as of "))
+
+
+def chart_data(at: AppTest, title: str) -> pd.DataFrame:
+    """The data a Vega-Lite chart on the page draws."""
+    for chart in at.get("vega_lite_chart"):
+        if json.loads(chart.proto.spec).get("title") == title:
+            return dataframe_util.convert_arrow_bytes_to_pandas_df(
+                chart.proto.datasets[0].data.data
+            )
+    raise AssertionError(f"no chart titled {title!r}")
+
+
+def append_alerts(root: str, *rows: dict[str, Any]) -> None:
+    table = pa.Table.from_pylist(list(rows), schema=c.arrow_schema(c.ALERTS_COLUMNS))
+    write_deltalake(lake.table_path(root, lake.ALERTS), table, mode="append")
 
 
 def test_overview_numbers_equal_the_data(
@@ -118,16 +181,9 @@ def test_alert_filters_change_the_rows_shown(
 def test_withdrawn_alerts_are_hidden_until_asked_for(
     app_env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import pyarrow as pa
-    from deltalake import write_deltalake
-
-    from infra import contract as c
-
     fixture = build_lake(str(tmp_path / "lake"))
     withdrawn = {**fixture.alerts[0], "alert_id": "alert-withdrawn", "status": c.ALERT_WITHDRAWN}
-    write_deltalake(lake.table_path(fixture.root, lake.ALERTS),
-                    pa.Table.from_pylist([withdrawn], schema=c.arrow_schema(c.ALERTS_COLUMNS)),
-                    mode="append")  # fmt: skip
+    append_alerts(fixture.root, withdrawn)
     app_env.setenv("IOT_LAKE_ROOT", fixture.root)
     at = open_page("alerts")
     shown = at.dataframe[0].value["alert_id"]
@@ -143,7 +199,7 @@ def test_alert_detail_shows_reasons_as_text_and_window_features(
 ) -> None:
     app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
     at = open_page("alerts")
-    at.selectbox(key="alert_id").select("alert-001").run()
+    click_alert(at, "alert-001")
     assert metrics(at)["Type"] == "tampering"
     assert any(MARKUP_REASON in t.value for t in at.text)
     # Never through Markdown (which would render or sanitise the markup).
@@ -166,7 +222,7 @@ def test_feedback_from_the_form_lands_in_alert_feedback(
     fixture = build_lake(root)
     app_env.setenv("IOT_LAKE_ROOT", root)
     at = open_page("alerts")
-    at.selectbox(key="alert_id").select("alert-003").run()
+    click_alert(at, "alert-003")
     at.radio[0].set_value("true_positive")
     at.text_area[0].input("confirmed: GPS spoofing, <script>x</script>")
     at.text_input[0].input("ana")
@@ -182,6 +238,187 @@ def test_feedback_from_the_form_lands_in_alert_feedback(
     assert table.loc[table["alert_id"] == "alert-003", "verdict"].tolist() == ["true_positive"]
     at.switch_page("views/overview.py").run()
     assert metrics(at)["Open alerts"] == str(fixture.open_alerts - 1)
+
+
+def test_a_click_on_an_alert_row_shows_its_detail_and_puts_its_id_in_the_address(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
+) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    at = open_page("alerts")
+    # Before any click: the newest alert, highlighted in the list.
+    newest = listed_alerts(at)[0]
+    assert highlighted_alerts(at) == [newest]
+    assert at.dataframe[1].value.set_index("field")["value"]["alert_id"] == newest
+
+    click_alert(at, "alert-004", on_cell=True)
+    assert not at.exception
+    assert metrics(at)["Type"] == "rogue_device"
+    assert any("device not in registry" in t.value for t in at.text)
+    assert address_alert(at) == "alert-004"
+    assert highlighted_alerts(at) == ["alert-004"]
+
+    # A click on the highlighted row's box would clear it: the alert stays shown.
+    at.session_state["alert_table"] = {"selection": {"rows": [], "columns": [], "cells": []}}
+    at.run()
+    assert metrics(at)["Type"] == "rogue_device"
+    assert highlighted_alerts(at) == ["alert-004"]
+
+
+def test_the_highlighted_row_follows_its_alert_when_newer_alerts_arrive(
+    app_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fixture = build_lake(str(tmp_path / "lake"))
+    app_env.setenv("IOT_LAKE_ROOT", fixture.root)
+    at = click_alert(open_page("alerts"), "alert-003")
+    assert highlighted_alerts(at) == ["alert-003"]
+
+    newer = {**fixture.alerts[0], "alert_id": "alert-007", "alert_type": "flood",
+             "window_start": fixture.now - timedelta(minutes=1)}  # fmt: skip
+    append_alerts(fixture.root, newer)
+    st.cache_data.clear()  # the refresh interval has passed
+    at.run()
+    assert listed_alerts(at)[0] == "alert-007"
+    assert highlighted_alerts(at) == ["alert-003"]
+    assert metrics(at)["Type"] == "impossible_travel"
+
+
+def test_an_address_with_an_alert_id_opens_that_alert_whatever_the_filters(
+    app_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fixture = build_lake(str(tmp_path / "lake"))
+    old = {**fixture.alerts[2], "alert_id": "alert-old", "reasons": ["speed 900 km/h"],
+           "window_start": fixture.now - timedelta(days=3)}  # fmt: skip
+    append_alerts(fixture.root, old)
+    app_env.setenv("IOT_LAKE_ROOT", fixture.root)
+    at = open_page("overview")
+    at.switch_page("views/alerts.py")
+    at.query_params["alert"] = "alert-old"
+    at.run()
+    assert not at.exception
+    # Three days ago is outside the last 24 hours: not listed, but shown.
+    assert "alert-old" not in listed_alerts(at) and highlighted_alerts(at) == []
+    assert metrics(at)["Type"] == "impossible_travel"
+    assert any("speed 900 km/h" in t.value for t in at.text)
+    assert any("not in the list above" in c.value for c in at.caption)
+
+    at.query_params["alert"] = "<b>no-such-alert</b>"
+    at.run()
+    assert not at.exception
+    assert [w.value for w in at.warning] == ["There is no alert with the id in the page's address:"]
+    assert any(t.value == "<b>no-such-alert</b>" for t in at.text)
+    assert "Type" not in metrics(at)
+
+
+def test_alerts_over_time_count_the_alerts_the_filters_select(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
+) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    at = open_page("alerts")
+
+    def counts() -> dict[str, int]:
+        bars = chart_data(at, "Alerts over time by type")
+        return {str(k): int(v) for k, v in bars.groupby("alert_type")["alerts"].sum().items()}
+
+    assert counts() == collections.Counter(a["alert_type"] for a in fixture_lake.alerts)
+    at.multiselect(key="f_severity").select("medium").run()
+    assert counts() == {"rogue_device": 1, "model_anomaly": 1}
+    at.selectbox(key="f_status").select("Reviewed").run()
+    assert not at.get("vega_lite_chart") and at.info, "no alerts: an empty state, no chart"
+    at.multiselect(key="f_severity").unselect("medium").run()
+    assert counts() == {"flood": 1}
+
+
+def test_reads_are_shared_by_tabs_within_the_refresh_interval_and_renewed_after_it(
+    app_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    interval_s = 8.0
+    fixture = build_lake(str(tmp_path / "lake"))
+    app_env.setenv("IOT_LAKE_ROOT", fixture.root)
+    app_env.setenv("IOT_DASH_REFRESH_SECONDS", str(interval_s))
+    opened: collections.Counter[str] = collections.Counter()
+    open_table = data.open_table
+
+    def counted(lake_root: str, table: str) -> Any:
+        opened[table] += 1
+        return open_table(lake_root, table)
+
+    app_env.setattr(data, "open_table", counted)
+    started = time.monotonic()
+    first_tab = open_page("alerts")
+    assert opened[lake.ALERTS] > 0
+    first_reads = collections.Counter(opened)
+
+    newer = {**fixture.alerts[0], "alert_id": "alert-007",
+             "window_start": fixture.now - timedelta(minutes=1)}  # fmt: skip
+    append_alerts(fixture.root, newer)
+    other_tab = open_page("alerts")
+    assert time.monotonic() - started < interval_s, "the machine is too slow for this interval"
+    # The same pages in another tab: no table is read again, and the new alert waits.
+    assert opened == first_reads
+    assert "alert-007" not in listed_alerts(other_tab)
+    assert data_as_of(other_tab) == data_as_of(first_tab), "the time of the reads it shows"
+
+    time.sleep(interval_s)
+    other_tab.run()
+    assert opened[lake.ALERTS] > first_reads[lake.ALERTS]
+    assert listed_alerts(other_tab)[0] == "alert-007"
+
+
+def _inside(point: tuple[float, float], geometry: dict[str, Any]) -> bool:
+    """Whether (lon, lat) is inside a GeoJSON (multi)polygon's outer rings (ray casting)."""
+    x, y = point
+    polygons = [geometry["coordinates"]]
+    if geometry["type"] == "MultiPolygon":
+        polygons = geometry["coordinates"]
+    inside = False
+    for ring in (polygon[0] for polygon in polygons):
+        for (x1, y1), (x2, y2) in itertools.pairwise(ring):
+            if (y1 > y) != (y2 > y) and x < x1 + (y - y1) * (x2 - x1) / (y2 - y1):
+                inside = not inside
+    return inside
+
+
+def test_the_map_names_devices_with_standing_alerts_over_country_borders(
+    app_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fixture = build_lake(str(tmp_path / "lake"))
+    # thermo-003's only alert was withdrawn: it stands for nothing, so it is not named.
+    withdrawn = {**fixture.alerts[4], "alert_id": "alert-withdrawn", "device_id": "thermo-003",
+                 "status": c.ALERT_WITHDRAWN}  # fmt: skip
+    append_alerts(fixture.root, withdrawn)
+    app_env.setenv("IOT_LAKE_ROOT", fixture.root)
+    app_env.setenv("IOT_DASH_MAP_STYLE", "none")
+    at = open_page("map")
+    charts = at.get("deck_gl_json_chart")
+    assert len(charts) == 1
+    layers = {layer["@@type"]: layer for layer in json.loads(charts[0].proto.json)["layers"]}
+    drawn = {p["device_id"]: (p["lon"], p["lat"]) for p in layers["ScatterplotLayer"]["data"]}
+    assert sorted(drawn) == sorted(["meter-001", "tracker-002", "thermo-003", ROGUE])
+    named = [label["device_id"] for label in layers["TextLayer"]["data"]]
+    assert sorted(named) == sorted(["meter-001", "tracker-002", ROGUE])
+
+    countries = {f["properties"]["name"]: f["geometry"]
+                 for f in layers["GeoJsonLayer"]["data"]["features"]}  # fmt: skip
+    assert len(countries) == 177
+    # The fleet is in Berlin, Munich, Hamburg and Frankfurt: inside Germany's outline.
+    for device, position in drawn.items():
+        assert _inside(position, countries["Germany"]), device
+        assert not _inside(position, countries["France"]), device
+
+
+def test_health_charts_leave_missing_watermarks_out(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
+) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    at = open_page("health")
+    lag = chart_data(at, "Watermark lag")
+    # The epoch (and the epoch shifted by an hour) is no watermark: no point, not a lag of
+    # half a century that flattens the real two minutes.
+    assert len(lag) == 24
+    assert lag["watermark_lag_s"].isna().sum() == 3
+    assert set(lag["watermark_lag_s"].dropna()) == {120.0}
+    latest = at.dataframe[0].value
+    assert latest["watermark"].notna().all()
 
 
 def test_device_page_shows_telemetry_registry_and_history(
@@ -246,6 +483,23 @@ def test_model_page_shows_champion_and_evaluation(
     assert verdicts.to_dict("records") == [
         {"model_version": "rules", "reviewed": 1, "true_positive": 0, "precision": 0.0}
     ]
+
+
+def test_model_page_says_mlflow_is_missing_rather_than_that_there_is_no_champion(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake, tmp_path: Path
+) -> None:
+    uri, _ = champion_store(tmp_path / "mlflow")
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    app_env.setenv("MLFLOW_TRACKING_URI", uri)
+    # As without the dashboard extra's mlflow: importing it fails.
+    app_env.setitem(sys.modules, "mlflow", None)
+    at = open_page("model")
+    assert [e.value for e in at.error] == [
+        "MLflow is not installed, so the champion cannot be read. Install the dashboard's "
+        "dependencies: pip install 'iotfraud[dashboard]'."
+    ]
+    assert not any("No champion model" in i.value for i in at.info)
+    assert "Champion version" not in metrics(at)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -318,7 +572,7 @@ def test_with_sign_in_on_nothing_renders_until_an_analyst_signs_in(
 
     # The verdict is recorded under the signed-in name, which the form shows and does not let
     # anyone change.
-    at.selectbox(key="alert_id").select("alert-003").run()
+    click_alert(at, "alert-003")
     analyst = next(t for t in at.text_input if t.label == "Analyst")
     assert (analyst.value, analyst.disabled) == ("ana", True)
     at.radio[0].set_value("true_positive")

@@ -34,11 +34,17 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 REFRESH_S = 2
+# st.dataframe's rows (and its header) are this many pixels high.
+ROW_PX = 35
 USER, PASSWORD = "ana", "correct horse battery"
 # (navigation label, title on the page, texts the page must show)
 PAGES = (
     ("Overview", "Overview", ("Open alerts", "Devices reporting", "Alerts by severity")),
-    ("Alerts", "Alerts", ("Alert detail", "Reasons", "Window features", "Save verdict")),
+    (
+        "Alerts",
+        "Alerts",
+        ("Alerts over time by type", "Alert detail", "Reasons", "Window features", "Save verdict"),
+    ),
     ("Map", "Map", ("Devices on the map", "Not in the registry")),
     ("Device", "Device", ("Telemetry", "Registry entry", "Alert history")),
     ("Pipeline health", "Pipeline health", ("Watermark lag", "Quarantine by reason")),
@@ -104,8 +110,17 @@ def server(fixture_lake: FixtureLake, tmp_path_factory: pytest.TempPathFactory) 
         log.close()
 
 
-def test_every_page_renders_without_errors(server: str) -> None:
+def test_every_page_renders_without_errors(server: str, fixture_lake: FixtureLake) -> None:
     from playwright.sync_api import Page, sync_playwright
+
+    # The Alerts page lists the alerts newest window first.
+    order = sorted(
+        fixture_lake.alerts,
+        key=lambda a: (a["window_start"], a["detected_at"], a["alert_id"]),
+        reverse=True,
+    )
+    listed = [a["alert_id"] for a in order]
+    alerts = {a["alert_id"]: a for a in fixture_lake.alerts}
 
     assert Path(CHROMIUM).exists(), "Chromium is missing: run scripts/system-deps.sh"
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -118,6 +133,18 @@ def test_every_page_renders_without_errors(server: str) -> None:
             timeout=30_000,
         )
         page.wait_for_timeout(1000)
+
+    def click_alert_row(page: Page, alert_id: str) -> None:
+        """A click on a cell of the alert's row in the list shows that alert's detail."""
+        row = listed.index(alert_id)
+        table = page.locator('[data-testid="stDataFrame"]').first.bounding_box()
+        assert table is not None
+        page.mouse.click(table["x"] + 200, table["y"] + ROW_PX * (row + 1) + ROW_PX / 2)
+        page.wait_for_url(f"**/alerts?alert={alert_id}", timeout=30_000)
+        alert = alerts[alert_id]
+        detail = page.locator('[data-testid="stMetric"]', has_text="Type").first
+        detail.filter(has_text=alert["alert_type"]).wait_for(timeout=30_000)
+        page.locator('[data-testid="stText"]', has_text=alert["reasons"][0]).wait_for()
 
     def assert_no_error(page: Page, name: str) -> None:
         errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]')
@@ -146,8 +173,9 @@ def test_every_page_renders_without_errors(server: str) -> None:
                 page.locator('[data-testid="stMetric"], [data-testid="stDataFrame"]').count() == 0
             )
             page.screenshot(path=str(SCREENSHOTS / "00-sign-in.png"), full_page=True)
-            # A page's own address (a bookmark) gets the same form, then that page.
-            page.goto(f"{server}/alerts", wait_until="domcontentloaded")
+            # A page's own address (a bookmark, here of one alert) gets the same form, then that
+            # page.
+            page.goto(f"{server}/alerts?alert=alert-001", wait_until="domcontentloaded")
             page.get_by_role("button", name="Sign in").wait_for(timeout=30_000)
             settle(page)
             assert nav.count() == 0
@@ -159,6 +187,10 @@ def test_every_page_renders_without_errors(server: str) -> None:
             page.get_by_role("heading", name="Alerts", exact=True).wait_for(timeout=30_000)
             nav.wait_for()
             page.get_by_text(f"Signed in as {USER}", exact=True).wait_for()
+            # The bookmarked alert is shown. Field values are text: the markup in its reason is
+            # shown, not rendered.
+            page.locator('[data-testid="stText"]', has_text=MARKUP_REASON).first.wait_for()
+            assert page.locator("b", has_text="power_w_mean").count() == 0
 
             for number, (label, title, texts) in enumerate(PAGES, start=1):
                 page.locator('[data-testid="stSidebarNav"]').get_by_text(label, exact=True).click()
@@ -171,14 +203,8 @@ def test_every_page_renders_without_errors(server: str) -> None:
                 if label == "Overview":
                     assert any("Open alerts" in m and "5" in m for m in metrics), metrics
                 if label == "Alerts":
-                    page.locator(
-                        '[data-testid="stSelectbox"]', has=page.get_by_text("Alert", exact=True)
-                    ).click()
-                    page.get_by_role("option").filter(has_text="alert-001").click()
-                    settle(page)
-                    # Field values are text: the markup in a reason is shown, not rendered.
-                    page.locator('[data-testid="stText"]', has_text=MARKUP_REASON).first.wait_for()
-                    assert page.locator("b", has_text="power_w_mean").count() == 0
+                    click_alert_row(page, "alert-004")
+                    assert_no_error(page, "Alerts after a click on a row")
                 if label == "Model":
                     assert any("Champion version" in m and "2" in m for m in metrics), metrics
                 page.screenshot(

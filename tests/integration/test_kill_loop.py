@@ -32,7 +32,7 @@ from infra import contract as c
 from infra import lake as tables
 from pipeline import job
 from pipeline.settings import PipelineSettings, seconds
-from tests.integration.test_exactly_once import delta_rows, snapshot
+from tests.lake_snapshots import delta_rows, snapshot
 from tests.mlflow_helpers import MODEL, register_busy_window_model
 from tests.pipeline_helpers import encoded, latest_alerts, make_event, produce_at, table_alerts
 

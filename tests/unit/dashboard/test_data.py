@@ -93,6 +93,7 @@ def test_only_requested_columns_are_loaded(fixture_lake: FixtureLake) -> None:
         ),
         ({"alert_types": ["model_anomaly"], "severities": ["medium"]}, {"alert-006"}),
         ({"alert_types": []}, set()),
+        ({"alert_ids": ["alert-004", "alert-006", "no-such"]}, {"alert-004", "alert-006"}),
     ],
 )
 def test_alert_filters(
@@ -163,6 +164,27 @@ def test_alert_timeline_counts(fixture_lake: FixtureLake) -> None:
     timeline = data.alert_timeline(alerts, "severity", "1h")
     totals = dict(timeline.group_by("severity").agg(pl.col("alerts").sum()).iter_rows())
     assert totals == {"critical": 1, "high": 2, "medium": 2, "low": 1}
+
+
+def test_a_relative_range_is_resolved_when_read_and_a_fixed_one_is_kept() -> None:
+    now = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
+    last_hour = data.TimeRange(hours=1.0)
+    assert last_hour.bounds(now) == (now - timedelta(hours=1), None)
+    later = now + timedelta(minutes=5)
+    assert last_hour.bounds(later) == (later - timedelta(hours=1), None)
+    fixed = data.TimeRange(since=now - timedelta(days=1), until=now)
+    assert fixed.bounds(later) == (now - timedelta(days=1), now)
+    assert data.ALL_TIME.bounds(now) == (None, None)
+
+
+def test_timeline_bucket_is_sized_to_the_alerts_in_the_range(fixture_lake: FixtureLake) -> None:
+    alerts = data.read_alerts(fixture_lake.root)
+    now = fixture_lake.now
+    # The alerts span the last hour: one-minute bars, whether the range is a day or all time.
+    assert data.timeline_bucket(alerts, now - timedelta(days=1), None, now) == "1m"
+    assert data.timeline_bucket(alerts, None, None, now) == "1m"
+    assert data.timeline_bucket(alerts, now - timedelta(minutes=15), None, now) == "1m"
+    assert data.timeline_bucket(alerts.head(0), now - timedelta(days=7), None, now) == "6h"
 
 
 def test_time_bucket_keeps_bar_count_reasonable() -> None:
@@ -266,8 +288,15 @@ def test_field_table_shows_values_as_plain_text() -> None:
 def test_pipeline_metrics_lag_rate_and_quarantine(fixture_lake: FixtureLake) -> None:
     metrics = data.read_pipeline_metrics(fixture_lake.root)
     assert metrics.height == 24
+    # Each query's first batch has the epoch, detection's second one the epoch an hour on:
+    # missing watermarks, not lags of half a century.
+    missing = metrics.filter(pl.col("watermark").is_null())
+    assert sorted(missing.select("query_name", "batch_id").rows()) == [
+        ("detection", 0), ("detection", 1), ("ingest", 0)
+    ]  # fmt: skip
+    assert missing["watermark_lag_s"].null_count() == 3
     lag = metrics["watermark_lag_s"]
-    assert lag.null_count() == 2 and lag.drop_nulls().unique().to_list() == [120.0]
+    assert lag.null_count() == 3 and lag.drop_nulls().unique().to_list() == [120.0]
     assert int(metrics["late_rows_dropped"].sum()) == fixture_lake.late_rows
     assert data.ingest_rate(metrics, "ingest") == pytest.approx(fixture_lake.ingest_rate_latest)
     assert data.ingest_rate(metrics.head(0), "ingest") is None

@@ -33,3 +33,16 @@ def test_missing_values_are_null_not_a_value() -> None:
     row["score"], row["first_event_time"] = float("nan"), pd.NaT
     value = json.loads(alert_message(row))
     assert value["score"] is None and value["first_event_time"] is None
+
+
+def test_alerts_the_broker_does_not_acknowledge_fail_the_batch_with_the_topic_named() -> None:
+    import pytest
+
+    from infra.ports import free_port
+    from pipeline.publish import AlertPublisher, AlertPublishError
+
+    nobody = f"127.0.0.1:{free_port()}"  # no broker: nothing is ever acknowledged
+    publish = AlertPublisher({"bootstrap.servers": nobody, "log_level": 0}, "alerts", timeout_s=11)
+    rows = as_written(alerts(("d1", 0.5, "x"), ("d2", 0.5, "x")), 1, NOW)
+    with pytest.raises(AlertPublishError, match="2 of 2 alerts not published to topic 'alerts'"):
+        publish(rows)

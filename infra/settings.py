@@ -224,7 +224,7 @@ class SparkSettings(BaseSettings):
 S = TypeVar("S", bound=BaseSettings)
 
 # Settings whose values may carry credentials (client option maps included): never echoed.
-_SECRET_FIELD_MARKERS = ("password", "secret", "token", "options")
+_SECRET_FIELD_MARKERS = ("password", "secret", "token", "options", "url")
 
 
 def _may_hold_secrets(name: str) -> bool:

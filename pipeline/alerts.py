@@ -188,6 +188,11 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return cast("list[dict[str, Any]]", frame.to_dict("records"))
 
 
+def _updated(held: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, Any]:
+    """The table's row ``held`` after the MERGE of ``row``: its updatable fields taken."""
+    return {**held, **{f: row[f] for f in _UPDATABLE}}
+
+
 def _frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(list(rows), columns=TABLE_COLUMNS)
 
@@ -226,7 +231,7 @@ def after_merge(
             rows.append(row)
             changed.append(True)
         else:
-            rows.append({**held, **{f: row[f] for f in _UPDATABLE}})
+            rows.append(_updated(held, row))
             changed.append(_fields(held) != _fields(row))
     return _frame(rows), pd.Series(changed, dtype=bool)
 
@@ -244,6 +249,10 @@ class WrittenAlerts:
     # start without window state, e.g. after the features tables were rebuilt): a new alert of
     # such a window is MERGEd, not appended. None: every alert in the table is known.
     unknown_until: pd.Timestamp | None = None
+    # The first batch after a start may be the replay of one whose writes partly committed, and
+    # may decide otherwise (the registry unreachable, say): its new alerts go through the MERGE,
+    # which inserts what the table lacks, where an append keyed by the batch id would be skipped.
+    after_start: bool = False
 
     def split(self, alerts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         """``alerts`` (DETECTOR_COLUMNS) as (new, changed); the unchanged ones are left out."""
@@ -295,13 +304,12 @@ class WrittenAlerts:
 
     def updated(self, changed: pd.DataFrame) -> pd.DataFrame:
         """The table rows of the known ``changed`` alerts, with their new values."""
-        return _frame(
-            {**self.rows[row["alert_id"]], **{f: row[f] for f in _UPDATABLE}}
-            for row in records(changed)
-        )
+        return _frame(_updated(self.rows[row["alert_id"]], row) for row in records(changed))
 
     def maybe_written(self, alerts: pd.DataFrame) -> pd.Series:
         """Per alert not known here: whether the table may hold it all the same."""
+        if self.after_start:
+            return pd.Series(True, index=alerts.index)
         if self.unknown_until is None:
             return pd.Series(False, index=alerts.index)
         return pd.to_datetime(alerts[col.WINDOW_END]) <= self.unknown_until
@@ -324,15 +332,15 @@ class WrittenAlerts:
         ``open_after`` (no window state), none, and every alert in the table counts as possibly
         written (``unknown_until``)."""
         if not DeltaTable.isDeltaTable(spark, path):
-            return cls()
+            return cls(after_start=True)
         table = spark.read.format("delta").load(path)
         if open_after is None:
             newest = table.agg(F.max(col.WINDOW_END).alias("t")).first()
             return cls(unknown_until=None if newest is None or newest.t is None
-                       else pd.Timestamp(newest.t))  # fmt: skip
+                       else pd.Timestamp(newest.t), after_start=True)  # fmt: skip
         since = F.lit(open_after.strftime(_TIME_TEXT)).cast("timestamp")
         rows = table.where(F.col(col.WINDOW_END) > since).toPandas()
-        written = cls(unknown_until=open_after)
+        written = cls(unknown_until=open_after, after_start=True)
         written.remember(rows)
         log.info("alerts of open windows loaded: %d", len(rows))
         return written
@@ -375,16 +383,15 @@ def write_alerts(
     maybe = written.maybe_written(rows).to_numpy()
     appended, merged = rows[~maybe], _concat(rows[maybe], written.updated(changed))
     withdrawn = stale if stale is not None else _frame([])
+    # What the MERGE leaves in the table: the rows it may hold are read (a start without state).
+    held = {}
+    if maybe.any():
+        held = table_rows(spark, path, rows[maybe]["alert_id"],
+                          pd.Timestamp(rows[maybe][col.WINDOW_START].min()))  # fmt: skip
+    held.update({key: written.rows[key] for key in changed["alert_id"]})
+    after, merge_changes = after_merge(merged, held)
     if publish is not None:
-        after, merge_changes = merged, pd.Series(True, index=merged.index)
-        if maybe.any():  # the table may hold them: publish what the MERGE will leave there
-            held = table_rows(spark, path, rows[maybe]["alert_id"],
-                              pd.Timestamp(rows[maybe][col.WINDOW_START].min()))  # fmt: skip
-            after, merge_changes = after_merge(merged, held)
         publish(_concat(appended, after[merge_changes.to_numpy()], withdrawn))
-        merged_now = after
-    else:
-        merged_now = merged
     if len(appended):
         idempotent_append(to_spark(spark, appended), path, app_id, batch_id, rows=len(appended))
     if len(merged):
@@ -392,5 +399,6 @@ def write_alerts(
         merge_alerts(to_spark(spark, merged), path, earliest=earliest)
     if len(withdrawn):
         withdraw_alerts(spark, withdrawn, path)
-    for part in (appended, merged_now, withdrawn):
+    for part in (appended, after, withdrawn):
         written.remember(part)
+    written.after_start = False

@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from infra import lake
 from pipeline import columns as col
-from pipeline.alerts import Publish, WrittenAlerts, empty_alerts, write_alerts
+from pipeline.alerts import TABLE_COLUMNS, Publish, WrittenAlerts, empty_alerts, write_alerts
 from pipeline.profiles import (
     FILL,
     HISTORY_COLUMNS,
@@ -285,6 +285,10 @@ class FeaturesBatchWriter:
                                     watermark_s=self.watermark_s,
                                     min_events=self.rules.default.min_events)  # fmt: skip
             self.written = WrittenAlerts.load(spark, path(lake.ALERTS), self._done(self.state))
+            if self.publish is not None:
+                # As the table holds them: a stop that died between publishing the open
+                # windows' latest values and writing them (``finish``) is mended here.
+                self.publish(pd.DataFrame(list(self.written.rows.values()), columns=TABLE_COLUMNS))
             if self.checkpoint:
                 self.app_id = f"{self.app_id}-{checkpoint_id(spark, self.checkpoint)}"
         laps = _Laps()
@@ -336,6 +340,10 @@ class FeaturesBatchWriter:
 
     def _finish(self, spark: SparkSession) -> None:
         if self.state is None or self.written is None or self.state.open.empty:
+            return
+        if getattr(self.publish, "failed", None):  # the broker is why the pipeline stops
+            log.warning("alerts of open windows keep the values they were raised with: the "
+                        "alerts topic did not acknowledge")  # fmt: skip
             return
         current = judge(self.state.open, self.state.history, rules=self.rules, spec=self.spec)
         # Values only: an alert the open windows call for now is raised by the next batch.

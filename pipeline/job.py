@@ -37,7 +37,6 @@ from pyspark.sql.streaming.query import StreamingQuery
 from infra import contract as c
 from infra import lake
 from infra.errors import ConfigError
-from infra.kafka_client import ensure_topic
 from pipeline.detection import FeaturesBatchWriter
 from pipeline.features import feature_events, features_from_events
 from pipeline.firmware import (
@@ -49,7 +48,12 @@ from pipeline.firmware import (
 from pipeline.ingest import IngestBatchWriter
 from pipeline.maintenance import apply_retention
 from pipeline.metrics import MetricsListener
-from pipeline.publish import AlertPublisher, alert_publisher, client_config
+from pipeline.publish import (
+    AlertPublisher,
+    alert_publisher,
+    client_config,
+    ensure_output_topic,
+)
 from pipeline.rules import RuleThresholds
 from pipeline.scoring import ModelScorer
 from pipeline.settings import PipelineSettings, seconds
@@ -281,7 +285,10 @@ def prepare(
     listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS))
     spark.streams.addListener(listener)
     # Live runs only: a catch-up run returns when the queries are done, not the receiver.
-    live = publisher is not None and settings.webhook_url and settings.trigger == "processing"
+    live = publisher is not None and settings.trigger == "processing"
+    if settings.webhook_url.get_secret_value() and not live:
+        log.warning("the webhook runs with live runs of the Kafka source only: not in this run")
+    live = live and bool(settings.webhook_url.get_secret_value())
     relay = webhook_relay(settings) if live else None
     return Pipeline(spark, settings, listener, model_scorer(settings), on_scoring=on_scoring,
                     publisher=publisher, relay=relay)  # fmt: skip
@@ -304,19 +311,13 @@ def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
 def webhook_relay(settings: PipelineSettings) -> WebhookRelay:
     """The relay of the alerts topic to IOT_PIPELINE_WEBHOOK_URL (``pipeline.webhook``), its
     dead-letter topic created if absent."""
-    try:
-        ensure_topic(client_config(settings), settings.webhook_dead_letter_topic, 1)
-    except Exception as exc:
-        raise ConfigError(
-            f"Cannot create or use the webhook's dead-letter topic "
-            f"{settings.webhook_dead_letter_topic!r}: {exc}. Create it, or set "
-            "IOT_PIPELINE_WEBHOOK_DEAD_LETTER_TOPIC to a topic this user can write."
-        ) from None
+    topic = settings.webhook_dead_letter_topic
+    ensure_output_topic(settings, topic, like=settings.topic,
+                        setting="IOT_PIPELINE_WEBHOOK_DEAD_LETTER_TOPIC")  # fmt: skip
     return WebhookRelay(
-        client_config(settings), settings.alerts_topic, settings.webhook_url,
-        settings.webhook_dead_letter_topic, group=f"{settings.app_id}-webhook",
-        attempts=settings.webhook_attempts, first_delay_s=settings.webhook_first_retry_s,
-        timeout_s=settings.webhook_timeout_s,
+        client_config(settings), settings.alerts_topic, settings.webhook_url.get_secret_value(),
+        topic, group=f"{settings.app_id}-webhook", attempts=settings.webhook_attempts,
+        first_delay_s=settings.webhook_first_retry_s, timeout_s=settings.webhook_timeout_s,
     )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -73,8 +74,8 @@ def read_alert_message(value: bytes) -> dict[str, Any]:
     """``alert_message`` read back, timestamps as UTC datetimes (consumers and tests)."""
     record: dict[str, Any] = json.loads(value)
     for name in _TIMESTAMPS:
-        if record.get(name) is not None:
-            record[name] = datetime.fromisoformat(record[name])
+        if record.get(name) is not None:  # "Z": Python 3.10's fromisoformat needs "+00:00"
+            record[name] = datetime.fromisoformat(record[name].replace("Z", "+00:00"))
     return record
 
 
@@ -96,6 +97,12 @@ class AlertPublisher:
         self.topic = topic
         self.timeout_s = timeout_s
         self._producer: Producer | None = None
+        # The detection and firmware queries publish from their own threads; a flush waits for
+        # every message in the producer, so one call at a time keeps each call's report its own.
+        self._lock = threading.Lock()
+        # Set once a call failed: the pipeline is stopping, and the writes that run at stop
+        # (``FeaturesBatchWriter.finish``) must not wait for the broker again.
+        self.failed: str | None = None
 
     def _client(self) -> Producer:
         if self._producer is None:
@@ -107,6 +114,10 @@ class AlertPublisher:
     def __call__(self, rows: pd.DataFrame) -> None:
         if rows.empty:
             return
+        with self._lock:
+            self._publish(rows)
+
+    def _publish(self, rows: pd.DataFrame) -> None:
         producer = self._client()
         failed: list[str] = []
 
@@ -126,6 +137,7 @@ class AlertPublisher:
         waiting = producer.flush(self.timeout_s)
         if waiting or failed:
             reason = failed[0] if failed else f"no acknowledgement within {self.timeout_s:.0f} s"
+            self.failed = reason
             raise AlertPublishError(
                 f"{waiting + len(failed)} of {len(rows)} alerts not published to topic "
                 f"{self.topic!r}: {reason}"
@@ -134,7 +146,7 @@ class AlertPublisher:
 
     def close(self) -> None:
         if self._producer is not None:
-            self._producer.flush(self.timeout_s)
+            self._producer.flush(0 if self.failed else self.timeout_s)
             self._producer = None
 
 
@@ -143,21 +155,27 @@ def client_config(settings: CommonSettings) -> dict[str, Any]:
     return {"bootstrap.servers": settings.bootstrap_servers, **librdkafka_options(settings)}
 
 
-def alert_publisher(settings: CommonSettings, topic: str, *, like: str) -> AlertPublisher:
-    """The publisher of ``topic``, created when absent with as many partitions as ``like`` (the
-    telemetry topic). At start: a topic that cannot be reached or created fails the start,
-    with what to set."""
+def ensure_output_topic(settings: CommonSettings, topic: str, *, like: str, setting: str) -> None:
+    """Create ``topic`` if absent, with as many partitions and replicas as ``like`` (the
+    telemetry topic: ``acks=all`` waits for every replica). At start: a topic that cannot be
+    reached or created fails the start, naming the ``setting`` to change."""
     conf = client_config(settings)
     try:
         _, metadata = connect(conf)
         source = metadata.topics.get(like)
-        ensure_topic(conf, topic, len(source.partitions) if source and source.partitions else 1)
+        partitions = list(source.partitions.values()) if source else []
+        replicas = len(partitions[0].replicas) if partitions else 1
+        ensure_topic(conf, topic, max(1, len(partitions)), replication=replicas)
     except ConfigError:
         raise
     except Exception as exc:
         raise ConfigError(
-            f"Cannot create or use the alerts topic {topic!r} on {settings.bootstrap_servers}: "
-            f"{exc}. Create it, or set IOT_PIPELINE_ALERTS_TOPIC to another topic (empty: no "
-            "alerts topic)."
+            f"Cannot create or use the topic {topic!r} on {settings.bootstrap_servers}: {exc}. "
+            f"Create it, or set {setting} to a topic this user can write."
         ) from None
-    return AlertPublisher(conf, topic)
+
+
+def alert_publisher(settings: CommonSettings, topic: str, *, like: str) -> AlertPublisher:
+    """The publisher of the alerts ``topic``, created if absent (``ensure_output_topic``)."""
+    ensure_output_topic(settings, topic, like=like, setting="IOT_PIPELINE_ALERTS_TOPIC")
+    return AlertPublisher(client_config(settings), topic)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from infra.kafka_client import java_client_options
@@ -118,19 +119,23 @@ class PipelineSettings(CommonSettings):
         description="Kafka topic every alert change is published to (JSON, keyed by device_id; "
         "README: alerts topic), created at start if absent; empty: none. Kafka source only",
     )
-    webhook_url: str = Field(
-        default="",
-        repr=False,
+    webhook_url: SecretStr = Field(
+        default=SecretStr(""),
         description="POST every message of the alerts topic to this http(s) URL (README: "
         "webhook); empty: off. Logs show its host only",
     )
     webhook_attempts: int = Field(
-        default=5, ge=1, description="Tries per alert before it goes to the dead-letter topic"
+        default=5,
+        ge=1,
+        le=20,
+        description="Tries per alert before it goes to the dead-letter topic",
     )
     webhook_first_retry_s: float = Field(
-        default=1.0, gt=0, description="Wait before the second try; it doubles, up to 60 s"
+        default=1.0, gt=0, le=60, description="Wait before the second try; it doubles, up to 60 s"
     )
-    webhook_timeout_s: float = Field(default=5.0, gt=0, description="Seconds a POST may take")
+    webhook_timeout_s: float = Field(
+        default=5.0, gt=0, le=60, description="Seconds a POST may wait for each answer"
+    )
     webhook_dead_letter_topic: str = Field(
         default="iot.alerts.dead-letter",
         description="Topic of the alerts the webhook could not deliver: the alert, the tries, "
@@ -181,18 +186,39 @@ class PipelineSettings(CommonSettings):
 
     @field_validator("webhook_url")
     @classmethod
-    def _http_url(cls, value: str) -> str:
-        if value and not re.match(r"^https?://[^/]+", value):
-            raise ValueError("expected an http:// or https:// URL")
+    def _http_url(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        if url:
+            try:
+                parts = urlsplit(url)
+                parts.port  # noqa: B018 (raises on a port that is not a number)
+            except ValueError:
+                raise ValueError("not a URL") from None
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError("expected an http:// or https:// URL with a host")
+            if any(ch.isspace() or ord(ch) < 32 for ch in url):
+                raise ValueError("a URL holds no spaces or control characters (encode them)")
         return value
 
     @model_validator(mode="after")
-    def _webhook_reads_the_alerts_topic(self) -> PipelineSettings:
-        if self.webhook_url and not (self.alerts_topic and self.webhook_dead_letter_topic):
+    def _topics_apart(self) -> PipelineSettings:
+        if self.alerts_topic and self.alerts_topic in (self.topic, self.firmware_topic):
             raise ValueError(
-                "IOT_PIPELINE_WEBHOOK_URL relays the alerts topic: set IOT_PIPELINE_ALERTS_TOPIC "
-                "and IOT_PIPELINE_WEBHOOK_DEAD_LETTER_TOPIC, or leave the URL empty"
+                f"IOT_PIPELINE_ALERTS_TOPIC {self.alerts_topic!r} is an input topic: give alerts "
+                "a topic of their own"
             )
+        if self.webhook_url.get_secret_value():
+            if not (self.alerts_topic and self.webhook_dead_letter_topic):
+                raise ValueError(
+                    "IOT_PIPELINE_WEBHOOK_URL relays the alerts topic: set "
+                    "IOT_PIPELINE_ALERTS_TOPIC and IOT_PIPELINE_WEBHOOK_DEAD_LETTER_TOPIC, or "
+                    "leave the URL empty"
+                )
+            if self.webhook_dead_letter_topic in (self.alerts_topic, self.topic):
+                raise ValueError(
+                    "IOT_PIPELINE_WEBHOOK_DEAD_LETTER_TOPIC must differ from the alerts and "
+                    "telemetry topics (dead letters would be relayed again)"
+                )
         return self
 
     @model_validator(mode="after")

@@ -11,6 +11,7 @@ topic. The receiver drops copies by ``alert_id`` (also sent as the ``X-Alert-Id`
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import threading
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from confluent_kafka import Consumer, Message, Producer
+    from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,17 @@ def where(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer other than 2xx: urllib would follow it with a GET, without the
+    body, and call the alert delivered."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects())
+
+
 def post(url: str, body: bytes, *, alert_id: str, timeout_s: float) -> None:
     """POST ``body`` as JSON; returns on a 2xx answer.
 
@@ -56,13 +68,14 @@ def post(url: str, body: bytes, *, alert_id: str, timeout_s: float) -> None:
         headers={"Content-Type": "application/json", "X-Alert-Id": alert_id},
     )  # fmt: skip
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            answer.read()
+        with _OPENER.open(request, timeout=timeout_s) as answer:
+            answer.read(65536)
     except urllib.error.HTTPError as exc:
         retryable = exc.code >= 500 or exc.code in _RETRYABLE_STATUS
         raise DeliveryError(f"HTTP {exc.code} {exc.reason}", retryable=retryable) from None
-    except (urllib.error.URLError, OSError) as exc:  # refused, unreachable, timed out
-        reason = getattr(exc, "reason", exc)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        # Refused, unreachable, timed out, or an answer that is not HTTP.
+        reason = getattr(exc, "reason", None) or type(exc).__name__
         raise DeliveryError(f"no answer: {reason}", retryable=True) from None
 
 
@@ -87,9 +100,10 @@ def dead_letter(message: bytes, *, url: str, attempts: int, error: str) -> bytes
 class WebhookRelay:
     """Relays the alerts ``topic`` to ``url`` on a thread of its own (``start``, ``stop``)."""
 
-    conf: dict[str, Any]  # librdkafka options: bootstrap servers and security
+    # librdkafka options (bootstrap servers and security) and the URL may hold secrets.
+    conf: dict[str, Any] = field(repr=False)
     topic: str
-    url: str
+    url: str = field(repr=False)
     dead_letter_topic: str
     group: str
     attempts: int = 5
@@ -113,11 +127,15 @@ class WebhookRelay:
     def _run(self) -> None:
         from confluent_kafka import Consumer, Producer
 
+        # One message may take every try and wait: the group must not drop the consumer meanwhile.
+        worst_s = sum(delays(self.attempts, self.first_delay_s)) + self.attempts * self.timeout_s
         consumer = Consumer({
             **self.conf, "group.id": self.group, "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
+            "max.poll.interval.ms": int(max(300.0, worst_s + 60.0) * 1000),
         })  # fmt: skip
-        producer = Producer({**self.conf, "enable.idempotence": True, "acks": "all"})
+        producer = Producer({**self.conf, "enable.idempotence": True, "acks": "all",
+                             "message.timeout.ms": 20_000})  # fmt: skip
         consumer.subscribe([self.topic])
         try:
             while not self._stop.is_set():
@@ -143,9 +161,11 @@ class WebhookRelay:
             delivered = self._deliver(message, producer)
         except Exception:
             # Read again after the pause, not skipped: a later commit would pass over it.
-            topic, partition, offset = message.topic(), message.partition(), message.offset()
-            assert topic is not None and partition is not None and offset is not None
-            consumer.seek(TopicPartition(topic, partition, offset))
+            consumer.seek(
+                TopicPartition(
+                    str(message.topic()), message.partition() or 0, message.offset() or 0
+                )
+            )
             raise
         if delivered:
             consumer.commit(message=message, asynchronous=False)
@@ -175,9 +195,17 @@ class WebhookRelay:
         log.warning("webhook: alert %s not delivered after %d tries (%s): to topic %s",
                     alert_id[:12], tried, error, self.dead_letter_topic)  # fmt: skip
         record = dead_letter(body, url=self.url, attempts=tried, error=error)
-        producer.produce(self.dead_letter_topic, key=message.key(), value=record)
-        if producer.flush(30):
-            raise RuntimeError(f"dead-letter topic {self.dead_letter_topic!r} did not acknowledge")
+        failed: list[str] = []
+
+        def report(problem: KafkaError | None, _message: Message) -> None:
+            if problem is not None:
+                failed.append(problem.str())
+
+        producer.produce(self.dead_letter_topic, key=message.key(), value=record,
+                         on_delivery=report)  # fmt: skip
+        if producer.flush(30) or failed:  # not committed: tried again after a pause
+            reason = failed[0] if failed else "no acknowledgement"
+            raise RuntimeError(f"dead-letter topic {self.dead_letter_topic!r}: {reason}")
         return True
 
 

@@ -46,6 +46,14 @@ def http_server(receiver: Receiver) -> Iterator[str]:
                 status = receiver.answers.pop(0) if receiver.answers else receiver.then
                 receiver.requests.append((status, self.headers["X-Alert-Id"], body))
             self.send_response(status)
+            if 300 <= status < 400:
+                self.send_header("Location", "/elsewhere")
+            self.end_headers()
+
+        def do_GET(self) -> None:  # a followed redirect
+            with receiver.lock:
+                receiver.requests.append((200, "GET " + self.path, b""))
+            self.send_response(200)
             self.end_headers()
 
         def log_message(self, *args: Any) -> None:
@@ -119,3 +127,14 @@ def test_an_alert_the_receiver_never_takes_goes_to_the_dead_letter_topic(
     ]  # fmt: skip
     assert {letter["url"] for letter in letters} == {url.split("/hooks")[0]}  # no token
     assert [status for status, _, _ in receiver.requests] == [400, 503, 503, 503]
+
+
+def test_a_redirect_is_no_delivery() -> None:
+    """urllib would follow it with a GET, without the alert, and call that delivered."""
+    from pipeline.webhook import DeliveryError, post
+
+    receiver = Receiver(answers=[301])
+    with http_server(receiver) as url, pytest.raises(DeliveryError, match="HTTP 301") as failure:
+        post(url, b"{}", alert_id="a1", timeout_s=5)
+    assert failure.value.retryable is False
+    assert [key for _, key, _ in receiver.requests] == ["a1"]  # nothing fetched after it

@@ -25,8 +25,16 @@ def test_live_batches_are_bounded_by_default_above_what_5000_events_per_s_need()
 def test_a_webhook_needs_the_alerts_topic_and_an_http_url() -> None:
     with pytest.raises(ConfigError, match="IOT_PIPELINE_WEBHOOK_URL relays the alerts topic"):
         load_settings(PipelineSettings, webhook_url="https://pager.example/hook", alerts_topic="")
-    with pytest.raises(ConfigError, match="http:// or https://"):
-        load_settings(PipelineSettings, webhook_url="pager.example/hook")
+    with pytest.raises(ConfigError, match="http:// or https://") as refused:
+        load_settings(PipelineSettings, webhook_url="htps://pager.example/hook/S3CRET")
+    assert "S3CRET" not in str(refused.value)  # the path can hold a token
+    with pytest.raises(ConfigError, match="no spaces"):
+        load_settings(PipelineSettings, webhook_url="https://pager.example/hook/S3CRET x")
+    with pytest.raises(ConfigError, match="dead letters would be relayed again"):
+        load_settings(PipelineSettings, webhook_url="https://pager.example/hook",
+                      webhook_dead_letter_topic="iot.alerts")  # fmt: skip
+    with pytest.raises(ConfigError, match="is an input topic"):
+        load_settings(PipelineSettings, alerts_topic="iot.telemetry")
     settings = load_settings(PipelineSettings, webhook_url="https://pager.example/hook?k=1")
     assert settings.alerts_topic == "iot.alerts"
     assert "pager.example" not in repr(settings)  # a URL can hold a token

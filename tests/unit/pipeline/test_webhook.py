@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
-from pipeline.webhook import dead_letter, delays, where
+import pytest
+
+from pipeline.webhook import DeliveryError, WebhookRelay, dead_letter, delays, where
 
 
 def test_retries_wait_longer_each_time_up_to_a_minute() -> None:
@@ -28,3 +32,69 @@ def test_a_dead_letter_holds_the_alert_the_tries_and_the_last_error() -> None:
     assert json.loads(dead_letter(b"not json", url="http://h", attempts=1, error="x"))["alert"] == (
         "not json"
     )
+
+
+class _Message:
+    def __init__(self) -> None:
+        self.body = b'{"alert_id": "a1"}'
+
+    def value(self) -> bytes:
+        return self.body
+
+    def key(self) -> bytes:
+        return b"d1"
+
+    def topic(self) -> str:
+        return "iot.alerts"
+
+    def partition(self) -> int:
+        return 2
+
+    def offset(self) -> int:
+        return 41
+
+    def error(self) -> None:
+        return None
+
+
+class _Consumer:
+    def __init__(self) -> None:
+        self.seeks: list[tuple[str, int, int]] = []
+        self.commits = 0
+
+    def poll(self, _timeout: float) -> _Message:
+        return _Message()
+
+    def seek(self, position: Any) -> None:
+        self.seeks.append((position.topic, position.partition, position.offset))
+
+    def commit(self, **_kw: Any) -> None:
+        self.commits += 1
+
+
+class _Producer:
+    """Takes a dead letter and reports it failed (the broker refused the topic)."""
+
+    def __init__(self) -> None:
+        self.reports: list[Callable[..., None]] = []
+
+    def produce(self, _topic: str, **kw: Any) -> None:
+        self.reports.append(kw["on_delivery"])
+
+    def flush(self, _timeout: float) -> int:
+        from confluent_kafka import KafkaError
+
+        for report in self.reports:
+            report(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), None)
+        return 0  # librdkafka counts a failed message as no longer waiting
+
+
+def test_a_dead_letter_the_broker_refuses_is_read_again_not_committed() -> None:
+    def refuse(*_args: Any, **_kw: Any) -> None:
+        raise DeliveryError("HTTP 400 Bad Request", retryable=False)
+
+    relay = WebhookRelay({}, "iot.alerts", "http://h/x", "dead", group="g", send=refuse)
+    consumer = _Consumer()
+    with pytest.raises(RuntimeError, match="dead-letter topic 'dead'"):
+        relay._relay_next(consumer, _Producer())  # type: ignore[arg-type]
+    assert consumer.commits == 0 and consumer.seeks == [("iot.alerts", 2, 41)]

@@ -157,11 +157,13 @@ def read_topic(conf: dict[str, Any], topic: str, timeout_s: float = 60.0) -> lis
                          "enable.auto.commit": False})  # fmt: skip
     try:
         partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-                for p in partitions}  # fmt: skip
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        # From the oldest offset retention kept to the end.
+        marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+                 for p in partitions}  # fmt: skip
+        ends = {p: high for p, (_, high) in marks.items()}
+        consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in marks.items()])
         found: list[Any] = []
-        read = dict.fromkeys(partitions, 0)
+        read = {p: low for p, (low, _) in marks.items()}
         deadline = time.monotonic() + timeout_s
         while any(read[p] < ends[p] for p in partitions):
             if time.monotonic() > deadline:

@@ -124,11 +124,15 @@ def latest_alerts(bootstrap: str, topic: str) -> dict[str, dict[str, Any]]:
     return latest
 
 
-def table_alerts(spark: Any, lake_root: str) -> dict[str, dict[str, Any]]:
+def table_alerts(lake_root: str) -> dict[str, dict[str, Any]]:
     """The ``alerts`` table's rows by ``alert_id``, as ``latest_alerts`` gives them."""
-    rows = spark.read.format("delta").load(lake.table_path(lake_root, lake.ALERTS)).collect()
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(lake.table_path(lake_root, lake.ALERTS)).to_pyarrow_table().to_pylist()
 
     def value(cell: Any) -> Any:
-        return cell.replace(tzinfo=timezone.utc) if isinstance(cell, datetime) else cell
+        if isinstance(cell, datetime) and cell.tzinfo is None:
+            return cell.replace(tzinfo=timezone.utc)
+        return cell
 
-    return {r.alert_id: {k: value(v) for k, v in r.asDict().items()} for r in rows}
+    return {r["alert_id"]: {k: value(v) for k, v in r.items()} for r in rows}

@@ -1,5 +1,6 @@
 """The broker goes down mid-stream and comes back: the simulator and the pipeline recover on
-their own, and every message sent ends up in the lake exactly once."""
+their own, every message sent ends up in the lake exactly once, and every alert on the alerts
+topic."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from infra import lake as lake_tables
 from infra.kafka import KafkaBroker
 from infra.ports import free_port
 from infra.settings import StackSettings
+from tests.pipeline_helpers import device_series, encoded, latest_alerts, produce, table_alerts
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -75,6 +78,9 @@ def test_simulator_and_pipeline_ride_out_a_broker_restart(tmp_path: Path) -> Non
             assert time.monotonic() < deadline, "the pipeline ingested nothing"
             time.sleep(1)
 
+        # An unregistered device reports around the outage: rogue_device alerts, published.
+        rogue = device_series("rogue-restart", datetime.now(timezone.utc), 10, every_s=5)
+        produce(broker.bootstrap_servers, "restart.telemetry", encoded(rogue))
         broker.kill()  # the broker dies mid-stream, without a clean shutdown
         time.sleep(15)
         broker.start(timeout_s=90)
@@ -88,6 +94,7 @@ def test_simulator_and_pipeline_ride_out_a_broker_restart(tmp_path: Path) -> Non
         assert match.group(2) == match.group(1)
 
         deadline = time.monotonic() + 240
+        sent += len(rogue)
         while len(rows(lake, "telemetry")) + len(rows(lake, "quarantine")) < sent:
             assert procs["pipeline"].poll() is None, (tmp_path / "pipeline.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the pipeline did not catch up after the restart"
@@ -96,6 +103,13 @@ def test_simulator_and_pipeline_ride_out_a_broker_restart(tmp_path: Path) -> Non
         assert len(telemetry) == sent  # clean telemetry: every message valid, none twice
         assert len({r["event_id"] for r in telemetry}) == sent
         assert rows(lake, "quarantine") == []
+        procs["pipeline"].send_signal(signal.SIGTERM)  # a clean stop publishes the last values
+        assert procs["pipeline"].wait(120) == 0
+        alerts = table_alerts(lake)
+        assert {a["alert_type"] for a in alerts.values() if a["device_id"] == "rogue-restart"} == {
+            "rogue_device"
+        }
+        assert latest_alerts(broker.bootstrap_servers, "iot.alerts") == alerts
     finally:
         for proc in procs.values():
             if proc.poll() is None:

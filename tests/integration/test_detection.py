@@ -200,7 +200,7 @@ def test_a_rule_alert_its_finished_window_does_not_call_for_is_withdrawn(
         ("clean", first[0]): "raised", ("clean", start): "raised",
     }  # fmt: skip
     assert [k for k, status in after.items() if status == "withdrawn"] == [("stuck", start)]
-    assert latest_alerts(bootstrap, topic) == table_alerts(spark, lake)
+    assert latest_alerts(bootstrap, topic) == table_alerts(lake)
     published = len(topic_messages(bootstrap, topic))
     table = spark.read.format("delta").load(lake_table(lake, "alerts")).drop("detected_at")
     before = sorted(table.collect())

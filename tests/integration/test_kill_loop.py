@@ -167,4 +167,4 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
         assert alone <= {c.ALERT_WITHDRAWN}, f"alerts only the {name} run raised still stand"
     # The alerts topic of the killed run: each alert's latest message is its row in the table,
     # on every column, although batches were replayed after each kill.
-    assert latest_alerts(bootstrap, alerts_topic) == table_alerts(spark, killed_lake)
+    assert latest_alerts(bootstrap, alerts_topic) == table_alerts(killed_lake)

@@ -49,6 +49,32 @@ CONTRACTS: dict[str, c.Columns] = {
 }
 UTC_US = pa.timestamp("us", tz="UTC")
 SEVERITY_RANK = {name: rank for rank, name in enumerate(c.SEVERITIES)}
+# The pipeline quarantines event times before 2000 (``bad_timestamp``), so no earlier watermark
+# comes from an event: it is Spark's "no watermark yet" (the epoch), or that value shifted by a
+# time zone, and read as a value it is a lag of half a century.
+EARLIEST_WATERMARK = datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    """A page's time range: the ``hours`` up to the moment of reading, or fixed bounds.
+
+    Relative ranges are resolved by ``bounds`` when the data is read, so that "the last hour"
+    stays one cached read while the clock moves. Neither set: all time.
+    """
+
+    hours: float | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def bounds(self, now: datetime | None = None) -> tuple[datetime | None, datetime | None]:
+        """``(since, until)``; a relative range has no upper bound (device clocks run ahead)."""
+        if self.hours is not None:
+            return lookback(self.hours, now), None
+        return self.since, self.until
+
+
+ALL_TIME = TimeRange()
 
 
 # --- Generic access ------------------------------------------------------------------------------
@@ -155,6 +181,7 @@ def read_alerts(
     severities: Sequence[str] | None = None,
     device_ids: Sequence[str] | None = None,
     model_versions: Sequence[str | None] | None = None,
+    alert_ids: Sequence[str] | None = None,
     columns: Sequence[str] | None = None,
     withdrawn: bool = False,
 ) -> pl.DataFrame:
@@ -170,6 +197,7 @@ def read_alerts(
         in_filter("severity", severities),
         in_filter("device_id", device_ids),
         in_filter("model_version", model_versions),
+        in_filter("alert_id", alert_ids),
     )
     wanted = None if columns is None else [*columns, "status"]
     frame = read_table(lake_root, lake.ALERTS, columns=wanted, where=where)
@@ -249,6 +277,18 @@ def time_bucket(since: datetime | None, until: datetime | None) -> str:
         if span / seconds <= 100:
             return every
     return "1d"
+
+
+def timeline_bucket(
+    alerts: pl.DataFrame, since: datetime | None, until: datetime | None, now: datetime
+) -> str:
+    """The ``time_bucket`` for a chart of ``alerts`` in ``[since, until)`` (open: up to ``now``).
+
+    Sized to the alerts' own span within the range, so a quiet day still shows readable bars.
+    """
+    first = alerts.select(pl.col("window_start").min()).item()
+    start = first if since is None or (first is not None and first > since) else since
+    return time_bucket(start, until or now)
 
 
 def alert_timeline(alerts: pl.DataFrame, by: str, every: str) -> pl.DataFrame:
@@ -466,13 +506,18 @@ def map_points(
 def read_pipeline_metrics(
     lake_root: str, since: datetime | None = None, until: datetime | None = None
 ) -> pl.DataFrame:
-    """Micro-batch progress in time order, with ``watermark_lag_s`` (batch time - watermark;
-    null before a query has a watermark, also in rows an earlier release wrote with the epoch)."""
+    """Micro-batch progress in time order, with ``watermark_lag_s`` (batch time - watermark).
+
+    Before a query has a watermark both are null, also in rows an earlier release wrote with
+    the epoch or near it (before ``EARLIEST_WATERMARK``): missing, not a lag.
+    """
     where = time_filter("timestamp", since, until)
     frame = read_table(lake_root, lake.PIPELINE_METRICS, where=where)
     lag = (pl.col("timestamp") - pl.col("watermark")).dt.total_milliseconds() / 1000.0
-    return frame.sort("timestamp").with_columns(
-        pl.when(pl.col("watermark") > c.NO_WATERMARK).then(lag).alias("watermark_lag_s")
+    return (
+        frame.sort("timestamp")
+        .with_columns(pl.when(pl.col("watermark") >= EARLIEST_WATERMARK).then(pl.col("watermark")))
+        .with_columns(lag.alias("watermark_lag_s"))
     )
 
 

@@ -26,7 +26,10 @@ class DashboardSettings(CommonSettings):
     port: int = Field(default=8501, ge=1, le=65535, description="Port the Streamlit server uses")
     address: str = Field(default="127.0.0.1", description="Address the Streamlit server binds")
     refresh_seconds: float = Field(
-        default=10.0, ge=1.0, description="How often each page reloads its data (no full rerun)"
+        default=10.0,
+        ge=1.0,
+        description="How often each page reloads its data (no full rerun); each read of the "
+        "lake is shared by all open tabs for this long",
     )
     lookback_hours: float = Field(
         default=24.0, gt=0, description="Default time range of the pages, ending now"
@@ -43,7 +46,8 @@ class DashboardSettings(CommonSettings):
     )
     map_style: str = Field(
         default="carto",
-        description="Map basemap: 'carto' (no API key, needs internet) or 'none' (offline)",
+        description="Map basemap: 'carto' (no API key, needs internet) or 'none' (offline); "
+        "the bundled country borders are drawn with either",
     )
     analyst: str = Field(
         default="",

@@ -16,7 +16,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from dashboard import data, login
+from dashboard import data, login, reads
 from dashboard.settings import DashboardSettings
 from infra import contract as c
 from infra.settings import load_settings
@@ -61,21 +61,19 @@ def range_picker(settings: DashboardSettings) -> None:
         )
 
 
-def time_window() -> tuple[datetime | None, datetime | None]:
-    """``(since, until)`` of the selected range, recomputed on each (fragment) run.
-
-    Relative ranges have no upper bound, so events stamped slightly in the future (device clock
-    skew) are not hidden; custom dates cover whole UTC days.
-    """
+def time_window() -> data.TimeRange:
+    """The selected range. Relative ranges have no upper bound, so events stamped slightly in the
+    future (device clock skew) are not hidden; custom dates cover whole UTC days."""
     label = st.session_state.get(RANGE_KEY) or "Last 24 hours"
     if label == CUSTOM:
         dates = tuple(st.session_state.get(DATES_KEY) or ())
         if dates:
             first, last = dates[0], dates[-1]
             since = datetime.combine(first, dt_time(0), timezone.utc)
-            return since, datetime.combine(last, dt_time(0), timezone.utc) + timedelta(days=1)
+            until = datetime.combine(last, dt_time(0), timezone.utc) + timedelta(days=1)
+            return data.TimeRange(since=since, until=until)
         label = "Last 24 hours"
-    return data.lookback(RANGES.get(label, 24.0)), None
+    return data.TimeRange(hours=RANGES.get(label, 24.0))
 
 
 def refreshing(settings: DashboardSettings, body: Callable[[], None]) -> None:
@@ -88,22 +86,33 @@ def refreshing(settings: DashboardSettings, body: Callable[[], None]) -> None:
     def run() -> None:
         if login.signed_in_analyst() is not None and login.session_expired(settings):
             st.rerun(scope="app")
+        reads.start_run()
         body()
 
     st.fragment(run, run_every=settings.refresh_seconds)()
 
 
 def updated_caption(settings: DashboardSettings) -> None:
-    now = data.utcnow().strftime("%H:%M:%S")
-    st.caption(f"Data as of {now} UTC, refreshed every {settings.refresh_seconds:g} s")
+    """When the page's data was read (its oldest read: reads are cached for an interval)."""
+    read_at = reads.oldest_read() or data.utcnow()
+    st.caption(f"Data as of {read_at:%H:%M:%S} UTC, refreshed every {settings.refresh_seconds:g} s")
 
 
 def empty_state(what: str, table: str) -> None:
     st.info(f"No {what} yet: the `{table}` table is empty or does not exist for this range.")
 
 
-def show_table(frame: pl.DataFrame, *, key: str | None = None, height: int | None = None) -> None:
-    """A read-only table; lists are joined into one text cell so every value reads as text."""
+def show_table(
+    frame: pl.DataFrame,
+    *,
+    key: str | None = None,
+    height: int | None = None,
+    selectable: bool = False,
+) -> None:
+    """A read-only table; lists are joined into one text cell so every value reads as text.
+
+    ``selectable``: a click selects one row or cell (state: ``st.session_state[key]``).
+    """
     shown = frame.with_columns(
         pl.col(name).list.join("; ")
         for name, dtype in frame.schema.items()
@@ -122,7 +131,38 @@ def show_table(frame: pl.DataFrame, *, key: str | None = None, height: int | Non
         kwargs["height"] = height
     if key is not None:
         kwargs["key"] = key
+    if selectable:
+        # A click on a cell selects that cell: ``select_row`` takes it as a click on its row.
+        kwargs.update(on_select="rerun", selection_mode=["single-row", "single-cell"])
     st.dataframe(shown.to_pandas(), **kwargs)
+
+
+def select_row(
+    frame: pl.DataFrame, *, key: str, id_column: str, selected: str | None, height: int | None
+) -> str | None:
+    """A table in which a click on a row (its box or any cell) selects it; the id clicked in this
+    run, if it is not ``selected``.
+
+    The row of ``selected`` is highlighted. A selection is a row position, and rows move as new
+    data arrives: a click is read against the ids of the table as it was drawn, and the
+    highlight is moved to wherever ``selected`` is now. A click on the highlighted row's box
+    (which would clear it) keeps it.
+    """
+    drawn_key = f"{key}_drawn"
+    drawn_ids, drawn_rows = st.session_state.get(drawn_key, ([], []))
+    state = st.session_state.get(key)
+    rows = list(state["selection"]["rows"]) if state else []
+    cells = list(state["selection"]["cells"]) if state else []
+    picked = cells[0][0] if cells else rows[0] if rows and rows != drawn_rows else None
+    clicked = drawn_ids[picked] if picked is not None and picked < len(drawn_ids) else None
+    ids = frame[id_column].to_list()
+    target = clicked or selected
+    want = [ids.index(target)] if target in ids else []
+    if rows != want or cells:
+        st.session_state[key] = {"selection": {"rows": want, "columns": [], "cells": []}}
+    st.session_state[drawn_key] = (ids, want)
+    show_table(frame, key=key, height=height, selectable=True)
+    return clicked if clicked != selected else None
 
 
 def count_bars(timeline: pl.DataFrame, by: str, title: str) -> alt.Chart:

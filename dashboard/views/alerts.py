@@ -1,4 +1,9 @@
-"""Alerts: the filterable list, one alert's reasons and window features, and analyst feedback."""
+"""Alerts: the filterable list and the alerts over time; one alert's reasons, window features
+and analyst feedback.
+
+A click on an alert's row shows its detail below and puts its id in the page's address
+(``?alert=<alert_id>``); an address with an id opens the page on that alert, whatever the filters.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from typing import Any
 import polars as pl
 import streamlit as st
 
-from dashboard import data, login, ui
+from dashboard import data, login, reads, ui
 from infra import contract as c
 from infra import lake
 
@@ -23,6 +28,10 @@ LIST_COLUMNS = (
     "reasons", "detected_at", "alert_id",
 )  # fmt: skip
 VERDICT_LABELS = {"true_positive": "True positive", "false_positive": "False positive"}
+ALERT_PARAM = "alert"
+TABLE_KEY = "alert_table"
+# The alert whose detail the page shows (its row is the one highlighted in the list).
+SHOWN_KEY = "shown_alert_id"
 
 settings = ui.get_settings()
 root = settings.lake_root
@@ -30,8 +39,7 @@ st.title("Alerts")
 ui.flash()
 
 # The filters' choices come from the alerts in the range (two small columns only).
-since, until = ui.time_window()
-choices = data.read_alerts(root, since=since, until=until, columns=["device_id", "model_version"])
+choices = reads.alerts(settings, ui.time_window(), columns=["device_id", "model_version"])
 filters = st.columns([2, 2, 2, 1, 1])
 types = filters[0].multiselect("Type", c.ALERT_TYPES, key="f_type")
 severities = filters[1].multiselect("Severity", c.SEVERITIES, key="f_severity")
@@ -48,18 +56,16 @@ status = filters[4].selectbox("Status", STATUSES, key="f_status")
 
 def filtered() -> pl.DataFrame:
     """The alerts matching the filters, with their latest verdict."""
-    since, until = ui.time_window()
-    alerts = data.read_alerts(
-        root,
-        since=since,
-        until=until,
+    alerts = reads.alerts(
+        settings,
+        ui.time_window(),
         alert_types=types or None,
         severities=severities or None,
         device_ids=devices or None,
         model_versions=[None if v == RULES else v for v in versions] or None,
         withdrawn=status == "Withdrawn",
     )
-    alerts = data.with_feedback(alerts, data.read_feedback(root))
+    alerts = data.with_feedback(alerts, reads.feedback(settings))
     if status == "Withdrawn":
         return alerts.filter(pl.col("status") == c.ALERT_WITHDRAWN)
     if status == "Open":
@@ -69,11 +75,27 @@ def filtered() -> pl.DataFrame:
     return alerts
 
 
+def shown_alert(listed: pl.DataFrame) -> str | None:
+    """The address's alert; else the one shown so far while it is listed; else the newest."""
+    linked = st.query_params.get(ALERT_PARAM)
+    if linked:
+        return linked
+    ids = listed["alert_id"].to_list()
+    before = st.session_state.get(SHOWN_KEY)
+    if before in ids:
+        return str(before)
+    return ids[0] if ids else None
+
+
 def alert_list() -> None:
     alerts = filtered()
     if alerts.is_empty():
         ui.empty_state("alerts matching these filters", lake.ALERTS)
         return
+    since, until = ui.time_window().bounds()
+    every = data.timeline_bucket(alerts, since, until, data.utcnow())
+    ui.chart(ui.count_bars(data.alert_timeline(alerts, "alert_type", every), "alert_type",
+                           "Alerts over time by type"))  # fmt: skip
     st.caption(
         f"{alerts.height} alerts, {alerts['verdict'].null_count()} open"
         + (
@@ -81,24 +103,41 @@ def alert_list() -> None:
             if alerts.height > settings.max_rows
             else ""
         )
+        + "; click a row to see its detail below"
     )
-    ui.show_table(alerts.head(settings.max_rows).select(LIST_COLUMNS), height=320)
+    clicked = ui.select_row(
+        alerts.head(settings.max_rows).select(LIST_COLUMNS),
+        key=TABLE_KEY,
+        id_column="alert_id",
+        selected=st.session_state.get(SHOWN_KEY),
+        height=320,
+    )
+    if clicked is not None:
+        # The detail is outside this refreshing part of the page: run the whole page.
+        st.query_params[ALERT_PARAM] = clicked
+        st.session_state[SHOWN_KEY] = clicked
+        st.rerun(scope="app")
     ui.updated_caption(settings)
 
 
+listed = filtered().head(settings.max_rows)
+st.session_state[SHOWN_KEY] = alert_id = shown_alert(listed)
 ui.refreshing(settings, alert_list)
 
 st.header("Alert detail")
-alerts = filtered()
-if alerts.is_empty():
+if alert_id is None:
     st.stop()
-labels = {
-    row["alert_id"]: f"{row['window_start']:%Y-%m-%d %H:%M} · {row['alert_type']} · "
-    f"{row['severity']} · {row['device_id']} · {row['alert_id']}"
-    for row in alerts.head(settings.max_rows).iter_rows(named=True)
-}
-alert_id = st.selectbox("Alert", list(labels), format_func=labels.__getitem__, key="alert_id")
-alert: dict[str, Any] = alerts.filter(pl.col("alert_id") == alert_id).row(0, named=True)
+row = listed.filter(pl.col("alert_id") == alert_id)
+if row.is_empty():
+    row = data.with_feedback(
+        reads.alerts(settings, alert_ids=[alert_id], withdrawn=True), reads.feedback(settings)
+    )
+    if row.is_empty():
+        st.warning("There is no alert with the id in the page's address:")
+        st.text(alert_id)
+        st.stop()
+    st.caption("This alert is not in the list above: it is outside the filters or the time range.")
+alert: dict[str, Any] = row.row(0, named=True)
 
 cols = st.columns(4)
 cols[0].metric("Type", str(alert["alert_type"]))
@@ -115,7 +154,7 @@ with left:
     ui.show_table(data.as_field_table({k: v for k, v in alert.items() if k != "reasons"}))
 with right:
     st.subheader("Window features")
-    features = data.read_features(root, alert["device_id"], window_start=alert["window_start"])
+    features = reads.features(settings, alert["device_id"], alert["window_start"])
     if features.is_empty():
         ui.empty_state("features for this window", lake.FEATURES)
     else:
@@ -142,5 +181,6 @@ with st.form("feedback", clear_on_submit=True):
     submitted = st.form_submit_button("Save verdict", type="primary")
 if submitted and verdict:
     data.write_feedback(root, alert["alert_id"], verdict, note=note, analyst=analyst)
+    reads.feedback_saved(settings)
     st.session_state[ui.FLASH_KEY] = f"{VERDICT_LABELS[verdict]} saved for {alert['alert_id']}"
     st.rerun()

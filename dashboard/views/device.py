@@ -10,7 +10,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from dashboard import data, ui
+from dashboard import data, reads, ui
 from infra import contract as c
 from infra import lake
 
@@ -21,11 +21,10 @@ RANGE_CHOICE = "(the selected time range)"
 MIN_MARGIN = timedelta(minutes=15)
 
 settings = ui.get_settings()
-root = settings.lake_root
 st.title("Device")
 
-registry = data.read_devices(root)
-alerted = data.read_alerts(root, columns=["device_id"])["device_id"].drop_nulls().unique()
+registry = reads.devices(settings)
+alerted = reads.alerts(settings, columns=["device_id"])["device_id"].drop_nulls().unique()
 device_ids = sorted(set(registry["device_id"].to_list()) | set(alerted.to_list()))
 if not device_ids:
     ui.empty_state("devices", lake.DEVICES)
@@ -35,7 +34,7 @@ if st.session_state.get(ui.DEVICE_KEY) not in device_ids:
 device_id: str = st.selectbox("Device", device_ids, key=ui.DEVICE_KEY)
 
 history = data.with_feedback(
-    data.read_alerts(root, device_ids=[device_id]), data.read_feedback(root)
+    reads.alerts(settings, device_ids=[device_id]), reads.feedback(settings)
 )
 labels = {RANGE_CHOICE: RANGE_CHOICE} | {
     row["alert_id"]: f"{row['window_start']:%Y-%m-%d %H:%M} · {row['alert_type']} · "
@@ -49,14 +48,14 @@ around = st.selectbox(
 )
 
 
-def telemetry_range(alert: dict[str, Any] | None) -> tuple[datetime | None, datetime | None]:
+def telemetry_range(alert: dict[str, Any] | None) -> data.TimeRange:
     """The alert's window with a margin each side, or the sidebar's range."""
     if alert is None or alert["window_start"] is None:
         return ui.time_window()
     start: datetime = alert["window_start"]
     end: datetime = alert["window_end"] or start
     margin = max(end - start, MIN_MARGIN)
-    return start - margin, end + margin
+    return data.TimeRange(since=start - margin, until=end + margin)
 
 
 def metric_chart(
@@ -89,9 +88,8 @@ def metric_chart(
 def telemetry() -> None:
     alert = None if around == RANGE_CHOICE else history.filter(pl.col("alert_id") == around)
     alert_row = alert.row(0, named=True) if alert is not None and alert.height else None
-    since, until = telemetry_range(alert_row)
-    events = data.read_telemetry(
-        root, device_id, since=since, until=until, columns=["event_time", "seq", *c.METRICS]
+    events = reads.telemetry(
+        settings, device_id, telemetry_range(alert_row), ["event_time", "seq", *c.METRICS]
     )
     st.subheader("Telemetry")
     if events.is_empty():

@@ -7,21 +7,20 @@ import logging
 import polars as pl
 import streamlit as st
 
-from dashboard import data, ui
+from dashboard import data, reads, ui
 from infra import contract as c
 from infra import lake
 
 log = logging.getLogger(__name__)
 
 settings = ui.get_settings()
-root = settings.lake_root
 st.title("Pipeline health")
 
 
 def health() -> None:
-    since, until = ui.time_window()
-    metrics = data.read_pipeline_metrics(root, since, until)
-    quarantine = data.quarantine_by_reason(root, since, until)
+    span = ui.time_window()
+    metrics = reads.pipeline_metrics(settings, span)
+    quarantine = reads.quarantine_by_reason(settings, span)
     duplicates = quarantine.filter(pl.col("reason") == c.REASON_DUPLICATE)["records"].sum()
     rate = data.ingest_rate(metrics, settings.ingest_query)
     median_ms = metrics.select(pl.col("batch_duration_ms").median()).item()

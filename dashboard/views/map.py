@@ -1,18 +1,23 @@
 """Map: registered devices at their sites and alerted devices, coloured by their worst alert.
 
-The basemap is Carto's (no API key); with ``IOT_DASH_MAP_STYLE=none`` the map needs no network.
+The basemap is Carto's (no API key, needs the internet). Under the devices the map always draws
+the country borders of Natural Earth 1:110m, bundled with the package, so that it reads offline
+and with ``IOT_DASH_MAP_STYLE=none`` too. Only devices with standing alerts are labelled.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from importlib import resources
+from typing import Any
 
 import polars as pl
 import pydeck as pdk
 import streamlit as st
 
-from dashboard import data, ui
+from dashboard import data, reads, ui
 from infra import lake
 
 log = logging.getLogger(__name__)
@@ -25,10 +30,18 @@ COLORS = {
     "critical": [139, 0, 0, 240],
 }
 NO_ALERT = [120, 130, 140, 160]
+BORDERS = "countries-110m.geojson"
 
 settings = ui.get_settings()
-root = settings.lake_root
 st.title("Map")
+
+
+@st.cache_resource(show_spinner=False)
+def country_borders() -> dict[str, Any]:
+    """The bundled country outlines (GeoJSON), read once per server: they never change."""
+    text = (resources.files("dashboard") / "assets" / BORDERS).read_text(encoding="utf-8")
+    borders: dict[str, Any] = json.loads(text)
+    return borders
 
 
 def fit_view(points: pl.DataFrame) -> pdk.ViewState:
@@ -72,9 +85,21 @@ def deck(points: pl.DataFrame) -> pdk.Deck:
         line_width_min_pixels=1,
         pickable=True,
     )
+    carto = settings.map_style == "carto"
+    borders = pdk.Layer(
+        "GeoJsonLayer",
+        data=country_borders(),
+        stroked=True,
+        # Without a basemap, land is shaded so that coasts read; on Carto's, only the lines.
+        filled=not carto,
+        get_fill_color=[222, 226, 216, 255],
+        get_line_color=[150, 158, 166, 220],
+        line_width_min_pixels=1,
+    )
+    # A label per device would bury the map: only devices with standing alerts are named.
     labels = pdk.Layer(
         "TextLayer",
-        data=shown.select("device_id", "lon", "lat").to_pandas(),
+        data=shown.filter(pl.col("alerts") > 0).select("device_id", "lon", "lat").to_pandas(),
         get_position=["lon", "lat"],
         get_text="device_id",
         get_size=12,
@@ -82,9 +107,8 @@ def deck(points: pl.DataFrame) -> pdk.Deck:
         get_pixel_offset=[0, -18],
     )
     view = fit_view(shown)
-    carto = settings.map_style == "carto"
     return pdk.Deck(
-        layers=[layer, labels],
+        layers=[borders, layer, labels],
         initial_view_state=view,
         map_provider="carto" if carto else None,
         map_style=pdk.map_styles.CARTO_LIGHT if carto else None,
@@ -94,13 +118,13 @@ def deck(points: pl.DataFrame) -> pdk.Deck:
 
 
 def fleet_map() -> None:
-    since, until = ui.time_window()
-    devices = data.read_devices(root)
-    alerts = data.read_alerts(root, since=since, until=until, columns=["device_id", "severity"])
+    span = ui.time_window()
+    devices = reads.devices(settings)
+    alerts = reads.alerts(settings, span, columns=["device_id", "severity"])
     unregistered = sorted(
         set(alerts["device_id"].drop_nulls().to_list()) - set(devices["device_id"].to_list())
     )
-    positions = data.last_positions(root, unregistered, since, until)
+    positions = reads.last_positions(settings, unregistered, span)
     points = data.map_points(devices, alerts, positions)
     cols = st.columns(4)
     cols[0].metric("Devices on the map", points.height)
@@ -114,8 +138,9 @@ def fleet_map() -> None:
     st.pydeck_chart(deck(points), height=520)
     st.caption(
         "Grey: no alert in the range; yellow, orange, red, dark red: worst alert low, medium, "
-        "high, critical; size grows with the number of alerts. Registered devices are drawn at "
-        "their site, unregistered ones at their last reported position."
+        "high, critical; size grows with the number of alerts, and devices with alerts are "
+        "named. Registered devices are drawn at their site, unregistered ones at their last "
+        "reported position."
     )
     ui.show_table(points.sort(["alerts", "device_id"], descending=[True, False]), height=260)
 

@@ -7,13 +7,12 @@ import logging
 import altair as alt
 import streamlit as st
 
-from dashboard import data, ui
+from dashboard import data, reads, ui
 from infra import lake
 
 log = logging.getLogger(__name__)
 
 settings = ui.get_settings()
-root = settings.lake_root
 st.title("Model")
 
 
@@ -22,40 +21,53 @@ def champion(tracking_uri: str, model_name: str) -> data.ModelInfo | None:
     # Cached for a minute: the registry changes rarely and mlflow calls are slow.
     try:
         return data.champion(tracking_uri, model_name)
+    except ImportError:
+        # Not an answer from the registry: the page says what is missing instead.
+        raise
     except Exception:
         # An unreachable server must not take the page down; the reason goes to the log.
         log.exception("cannot read the MLflow registry at %s", tracking_uri)
         return None
 
 
-def model() -> None:
-    info = champion(settings.tracking_uri(), settings.model_name)
-    st.subheader("Champion")
+def champion_info(info: data.ModelInfo | None) -> None:
     if info is None:
         st.info("No champion model: nothing is registered under this name with the alias "
                 "`champion`, or the MLflow store is not reachable.")  # fmt: skip
         st.text(f"model: {settings.model_name}\nstore: {settings.tracking_uri()}")
+        return
+    cols = st.columns(4)
+    cols[0].metric("Model", info.name)
+    cols[1].metric("Champion version", info.version)
+    cols[2].metric(
+        "Registered",
+        "n/a" if info.created_at is None else f"{info.created_at:%Y-%m-%d}",
+        help=None if info.created_at is None else f"{info.created_at:%Y-%m-%d %H:%M:%S} UTC",
+    )
+    cols[3].metric("Aliases", ", ".join(info.aliases) or "none")
+    left, right = st.columns(2)
+    with left:
+        st.caption("Training metrics")
+        ui.show_table(data.as_field_table(dict(sorted(info.metrics.items()))))
+    with right:
+        st.caption("Run and parameters")
+        params = {"run_id": info.run_id, **dict(sorted(info.params.items()))}
+        ui.show_table(data.as_field_table(params))
+
+
+def model() -> None:
+    st.subheader("Champion")
+    try:
+        info = champion(settings.tracking_uri(), settings.model_name)
+    except ImportError as exc:
+        log.error("the Model page cannot read the registry: %s", exc)
+        st.error("MLflow is not installed, so the champion cannot be read. Install the "
+                 "dashboard's dependencies: pip install 'iotfraud[dashboard]'.")  # fmt: skip
     else:
-        cols = st.columns(4)
-        cols[0].metric("Model", info.name)
-        cols[1].metric("Champion version", info.version)
-        cols[2].metric(
-            "Registered",
-            "n/a" if info.created_at is None else f"{info.created_at:%Y-%m-%d}",
-            help=None if info.created_at is None else f"{info.created_at:%Y-%m-%d %H:%M:%S} UTC",
-        )
-        cols[3].metric("Aliases", ", ".join(info.aliases) or "none")
-        left, right = st.columns(2)
-        with left:
-            st.caption("Training metrics")
-            ui.show_table(data.as_field_table(dict(sorted(info.metrics.items()))))
-        with right:
-            st.caption("Run and parameters")
-            params = {"run_id": info.run_id, **dict(sorted(info.params.items()))}
-            ui.show_table(data.as_field_table(params))
+        champion_info(info)
 
     st.subheader("Detection quality against ground truth")
-    evaluation = data.latest_evaluation(root)
+    evaluation = reads.latest_evaluation(settings)
     if evaluation.is_empty():
         ui.empty_state("evaluation (run `iotfraud eval`)", lake.EVALUATION)
     else:
@@ -77,9 +89,8 @@ def model() -> None:
         ui.show_table(evaluation.drop("evaluated_at"))
 
     st.subheader("Analyst verdicts by model version")
-    since, until = ui.time_window()
-    alerts = data.read_alerts(root, since=since, until=until, columns=["alert_id", "model_version"])
-    quality = data.feedback_quality(data.with_feedback(alerts, data.read_feedback(root)))
+    alerts = reads.alerts(settings, ui.time_window(), columns=["alert_id", "model_version"])
+    quality = data.feedback_quality(data.with_feedback(alerts, reads.feedback(settings)))
     if quality.is_empty():
         ui.empty_state("verdicts on alerts in this range", lake.ALERT_FEEDBACK)
     else:

@@ -7,7 +7,7 @@ import logging
 import polars as pl
 import streamlit as st
 
-from dashboard import data, ui
+from dashboard import data, reads, ui
 from infra import lake
 
 log = logging.getLogger(__name__)
@@ -17,28 +17,23 @@ st.title("Overview")
 
 
 def overview() -> None:
-    root = settings.lake_root
-    since, until = ui.time_window()
-    alerts = data.read_alerts(
-        root,
-        since=since,
-        until=until,
+    span = ui.time_window()
+    alerts = reads.alerts(
+        settings,
+        span,
         columns=["alert_id", "device_id", "alert_type", "severity", "window_start", "score"],
     )
-    feedback = data.read_feedback(root)
-    open_ = data.open_alerts(alerts, feedback)
-    metrics = data.read_pipeline_metrics(root, since, until)
+    open_ = data.open_alerts(alerts, reads.feedback(settings))
+    metrics = reads.pipeline_metrics(settings, span)
     rate = data.ingest_rate(metrics, settings.ingest_query)
-    quarantined = data.count_rows(
-        root, lake.QUARANTINE, data.time_filter("ingest_time", since, until)
-    )
+    quarantined = reads.quarantined(settings, span)
     late = int(metrics["late_rows_dropped"].sum() or 0)
 
     cols = st.columns(6)
     cols[0].metric("Open alerts", open_.height, help="Alerts in the range without a verdict")
     cols[1].metric("Alerts", alerts.height, help="All alerts whose window starts in the range")
     cols[2].metric("Events/s", "n/a" if rate is None else f"{rate:,.1f}", help="Latest batch")
-    cols[3].metric("Devices reporting", data.devices_reporting(root, since, until))
+    cols[3].metric("Devices reporting", reads.devices_reporting(settings, span))
     cols[4].metric("Quarantined", quarantined, help="Rejected records in the range")
     cols[5].metric("Late rows dropped", late, help="Beyond the watermark, in the range")
     ui.updated_caption(settings)
@@ -46,9 +41,7 @@ def overview() -> None:
     if alerts.is_empty():
         ui.empty_state("alerts", lake.ALERTS)
         return
-    # Buckets sized to the alerts' own span, so a quiet day still shows readable bars.
-    first = alerts.select(pl.col("window_start").min()).item()
-    every = data.time_bucket(max(since, first) if since else first, until or data.utcnow())
+    every = data.timeline_bucket(alerts, *span.bounds(), data.utcnow())
     left, right = st.columns(2)
     with left:
         ui.chart(ui.count_bars(data.alert_timeline(alerts, "alert_type", every), "alert_type",

@@ -532,6 +532,16 @@ def ingest_rate(metrics: pl.DataFrame, query: str) -> float | None:
     return float(rows.sort("timestamp")["input_rows_per_second"][-1])
 
 
+def watermark_lag(metrics: pl.DataFrame) -> float | None:
+    """The largest watermark lag among the queries' latest batches: each query as it is now. A
+    query whose latest batch has no watermark (just restarted, or stateless) has no lag, not an
+    older batch's."""
+    if metrics.is_empty():
+        return None
+    latest = metrics.sort("timestamp").group_by("query_name").last()["watermark_lag_s"]
+    return None if latest.null_count() == latest.len() else float(latest.max())  # type: ignore[arg-type]
+
+
 def quarantine_by_reason(
     lake_root: str, since: datetime | None = None, until: datetime | None = None
 ) -> pl.DataFrame:

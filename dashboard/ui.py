@@ -102,6 +102,10 @@ def empty_state(what: str, table: str) -> None:
     st.info(f"No {what} yet: the `{table}` table is empty or does not exist for this range.")
 
 
+# Pixels per table row (and header), fixed: the browser test clicks rows by position.
+ROW_HEIGHT = 35
+
+
 def show_table(
     frame: pl.DataFrame,
     *,
@@ -121,6 +125,7 @@ def show_table(
     kwargs: dict[str, Any] = {
         "hide_index": True,
         "width": "stretch",
+        "row_height": ROW_HEIGHT,
         "column_config": {
             name: st.column_config.DatetimeColumn(name, format="YYYY-MM-DD HH:mm:ss")
             for name, dtype in frame.schema.items()

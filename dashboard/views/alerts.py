@@ -32,6 +32,9 @@ ALERT_PARAM = "alert"
 TABLE_KEY = "alert_table"
 # The alert whose detail the page shows (its row is the one highlighted in the list).
 SHOWN_KEY = "shown_alert_id"
+# The alert the feedback form was drawn for: a verdict is saved for it, whatever the page shows
+# when the form is sent (the list may have moved on meanwhile).
+FORM_FOR_KEY = "feedback_form_alert_id"
 
 settings = ui.get_settings()
 root = settings.lake_root
@@ -179,8 +182,11 @@ with st.form("feedback", clear_on_submit=True):
         st.text_input("Analyst", value=signed_in, disabled=True)
         analyst = signed_in
     submitted = st.form_submit_button("Save verdict", type="primary")
+drawn_for = st.session_state.get(FORM_FOR_KEY) or alert["alert_id"]
+st.session_state[FORM_FOR_KEY] = alert["alert_id"]
 if submitted and verdict:
-    data.write_feedback(root, alert["alert_id"], verdict, note=note, analyst=analyst)
+    data.write_feedback(root, drawn_for, verdict, note=note, analyst=analyst)
     reads.feedback_saved(settings)
-    st.session_state[ui.FLASH_KEY] = f"{VERDICT_LABELS[verdict]} saved for {alert['alert_id']}"
+    st.session_state[ui.FLASH_KEY] = f"{VERDICT_LABELS[verdict]} saved for {drawn_for}"
+    st.query_params[ALERT_PARAM] = st.session_state[SHOWN_KEY] = drawn_for
     st.rerun()

@@ -24,14 +24,15 @@ def health() -> None:
     duplicates = quarantine.filter(pl.col("reason") == c.REASON_DUPLICATE)["records"].sum()
     rate = data.ingest_rate(metrics, settings.ingest_query)
     median_ms = metrics.select(pl.col("batch_duration_ms").median()).item()
-    lag = metrics["watermark_lag_s"].drop_nulls()
+    lag = data.watermark_lag(metrics)
 
     cols = st.columns(6)
     cols[0].metric("Batches", metrics.height, help="Micro-batches of all queries in the range")
     cols[1].metric("Events/s", "n/a" if rate is None else f"{rate:,.1f}", help="Latest batch")
     cols[2].metric("Median batch", "n/a" if median_ms is None else f"{median_ms:,.0f} ms")
-    cols[3].metric("Watermark lag", "n/a" if lag.is_empty() else f"{lag[-1]:,.0f} s",
-                   help="Latest batch time minus its watermark")  # fmt: skip
+    cols[3].metric("Watermark lag", "n/a" if lag is None else f"{lag:,.0f} s",
+                   help="The largest among the queries: its latest batch's time minus its "
+                   "watermark")  # fmt: skip
     cols[4].metric("Late rows dropped", int(metrics["late_rows_dropped"].sum() or 0))
     cols[5].metric("Quarantined", int(quarantine["records"].sum() or 0),
                    help=f"of which {int(duplicates or 0)} duplicates")  # fmt: skip

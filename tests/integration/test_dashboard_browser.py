@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard import auth, login
+from dashboard import auth, login, ui
 from infra.ports import free_port
 from tests.dashboard_fixtures import MARKUP_REASON, FixtureLake, build_lake, champion_store
 
@@ -34,8 +34,7 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 REFRESH_S = 2
-# st.dataframe's rows (and its header) are this many pixels high.
-ROW_PX = 35
+ROW_PX = ui.ROW_HEIGHT  # a table's rows and its header
 USER, PASSWORD = "ana", "correct horse battery"
 # (navigation label, title on the page, texts the page must show)
 PAGES = (

@@ -333,3 +333,18 @@ def test_champion_is_none_without_a_store(tmp_path: Path) -> None:
 
 def test_delta_uri_maps_s3a() -> None:
     assert data.delta_uri("s3a://bucket/lake", "alerts") == "s3://bucket/lake/alerts"
+
+
+def test_the_watermark_lag_is_each_query_as_it_is_now() -> None:
+    from datetime import datetime
+
+    t = datetime(2026, 11, 26, 8, 0)
+    metrics = pl.DataFrame({
+        "query_name": ["detection", "detection", "ingest", "firmware"],
+        "timestamp": [t, t.replace(minute=5), t.replace(minute=6), t.replace(minute=1)],
+        "watermark_lag_s": [120.0, None, None, 30.0],
+    })  # fmt: skip
+    # detection's latest batch has no watermark (restarted): not its older 120 s.
+    assert data.watermark_lag(metrics) == 30.0
+    assert data.watermark_lag(metrics.filter(pl.col("query_name") != "firmware")) is None
+    assert data.watermark_lag(metrics.clear()) is None

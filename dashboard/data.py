@@ -378,6 +378,13 @@ def devices_reporting(lake_root: str, since: datetime | None, until: datetime | 
     return int(pc.count_distinct(table.column("device_id")).as_py())
 
 
+def count_quarantined(
+    lake_root: str, since: datetime | None = None, until: datetime | None = None
+) -> int:
+    """Quarantined records whose ingest time is in ``[since, until)``."""
+    return count_rows(lake_root, lake.QUARANTINE, time_filter("ingest_time", since, until))
+
+
 def count_rows(lake_root: str, table: str, where: ds.Expression | None = None) -> int:
     """Rows of ``table`` matching ``where`` (0 when the table does not exist)."""
     dt = open_table(lake_root, table)

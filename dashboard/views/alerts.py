@@ -186,7 +186,7 @@ drawn_for = st.session_state.get(FORM_FOR_KEY) or alert["alert_id"]
 st.session_state[FORM_FOR_KEY] = alert["alert_id"]
 if submitted and verdict:
     data.write_feedback(root, drawn_for, verdict, note=note, analyst=analyst)
-    reads.feedback_saved(settings)
+    reads.feedback_saved()
     st.session_state[ui.FLASH_KEY] = f"{VERDICT_LABELS[verdict]} saved for {drawn_for}"
     st.query_params[ALERT_PARAM] = st.session_state[SHOWN_KEY] = drawn_for
     st.rerun()

@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s: stopping after the current micro-batch", signal.Signals(signum).name)
+        log.info("received %s: stopping (a micro-batch cut short is done again at the next start)",
+                 signal.Signals(signum).name)  # fmt: skip
         stop.set()
 
     with stop_signals(request_stop):  # Ctrl-C, SIGTERM and a closed terminal

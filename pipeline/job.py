@@ -340,6 +340,8 @@ def run_available_now(
     finally:
         pipeline.flush_metrics()
         spark.streams.removeListener(pipeline.listener)
+        if pipeline.publisher is not None:
+            pipeline.publisher.close()
     return pipeline
 
 

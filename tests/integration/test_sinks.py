@@ -60,7 +60,7 @@ def test_an_alerts_table_of_an_older_release_takes_the_status_column(
 
     from infra import contract as c
     from infra import lake as tables
-    from pipeline.alerts import alert_frame, to_spark
+    from pipeline.alerts import alert_frame, as_written, to_spark
     from pipeline.sinks import ensure_tables
 
     path = tables.table_path(lake, tables.ALERTS)
@@ -75,7 +75,8 @@ def test_an_alerts_table_of_an_older_release_takes_the_status_column(
     start = pd.Timestamp("2026-11-26 08:00")
     window = pd.DataFrame([{"device_id": "d1", "window_start": start, "window_end": start,
                             "first_event_time": start, "last_event_time": start}])  # fmt: skip
-    alert = to_spark(spark, alert_frame(window, "flood", "medium", 0.5, "x"), 0)
+    rows = as_written(alert_frame(window, "flood", "medium", 0.5, "x"), 0, start)
+    alert = to_spark(spark, rows)
     idempotent_append(alert, path, "app-alerts", 0)
     statuses = {r.alert_id == "old-1": r.status for r in table.collect()}
     assert statuses == {True: None, False: c.ALERT_RAISED}

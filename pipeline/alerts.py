@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 
 from infra import contract as c
 from pipeline import columns as col
-from pipeline.sinks import idempotent_append, lower_bound, retry_on_conflict
+from pipeline.sinks import idempotent_append, retry_on_conflict
 
 log = logging.getLogger(__name__)
 
@@ -111,20 +111,13 @@ def to_spark(spark: SparkSession, rows: pd.DataFrame) -> DataFrame:
     return spark.createDataFrame(rows[TABLE_COLUMNS], schema)
 
 
-def merge_alerts(alerts: DataFrame, path: str, *, earliest: datetime | None = None) -> None:
+def merge_alerts(alerts: DataFrame, path: str, *, earliest: datetime) -> None:
     """MERGE on alert_id: new alerts inserted, changed ones updated; a replay changes nothing.
 
-    ``earliest``, the smallest window start among ``alerts`` when the caller knows it (and
-    knows there are alerts), spares the jobs that would find out.
+    ``earliest``: the smallest window start among ``alerts`` (the callers hold them in pandas),
+    which bounds the table files the MERGE reads.
     """
-    if earliest is None:
-        # Computed once: the bound below and a MERGE retried after a conflict reuse the rows.
-        alerts = alerts.localCheckpoint(eager=True)
-        if alerts.isEmpty():  # a MERGE of nothing would change nothing, after seconds of work
-            return
-        bound = lower_bound(alerts, col.WINDOW_START)
-    else:
-        bound = f"t.`{col.WINDOW_START}` >= TIMESTAMP '{earliest.strftime(_TIME_TEXT)}'"
+    bound = f"t.`{col.WINDOW_START}` >= TIMESTAMP '{earliest.strftime(_TIME_TEXT)}'"
     changed = " OR ".join(f"NOT (t.`{f}` <=> s.`{f}`)" for f in _UPDATABLE)
     # alert_id is made from the window start, so a match has the same window_start.
     condition = "t.alert_id = s.alert_id AND " + bound
@@ -301,6 +294,10 @@ class WrittenAlerts:
         if len(only_final):
             new = pd.concat([new[~new["alert_id"].isin(only_final["alert_id"])], only_final])
         return new, changed
+
+    def table(self) -> pd.DataFrame:
+        """The known alerts' rows, as the table holds them."""
+        return _frame(self.rows.values())
 
     def updated(self, changed: pd.DataFrame) -> pd.DataFrame:
         """The table rows of the known ``changed`` alerts, with their new values."""

@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from infra import lake
 from pipeline import columns as col
-from pipeline.alerts import TABLE_COLUMNS, Publish, WrittenAlerts, empty_alerts, write_alerts
+from pipeline.alerts import Publish, WrittenAlerts, empty_alerts, write_alerts
 from pipeline.profiles import (
     FILL,
     HISTORY_COLUMNS,
@@ -288,7 +288,7 @@ class FeaturesBatchWriter:
             if self.publish is not None:
                 # As the table holds them: a stop that died between publishing the open
                 # windows' latest values and writing them (``finish``) is mended here.
-                self.publish(pd.DataFrame(list(self.written.rows.values()), columns=TABLE_COLUMNS))
+                self.publish(self.written.table())
             if self.checkpoint:
                 self.app_id = f"{self.app_id}-{checkpoint_id(spark, self.checkpoint)}"
         laps = _Laps()

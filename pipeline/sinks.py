@@ -9,7 +9,6 @@ from collections.abc import Callable
 from delta.tables import DeltaTable
 from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from infra import contract as c
 from infra import lake
@@ -87,22 +86,6 @@ def checkpoint_id(spark: SparkSession, checkpoint: str) -> str:
     if line is None:
         raise RuntimeError(f"no query id in {checkpoint}/metadata")
     return str(json.loads(line[0])["id"])
-
-
-def lower_bound(df: DataFrame, column: str) -> str:
-    """A MERGE condition ``t.column >= <smallest value of column in df>`` (``TRUE`` when empty).
-
-    When ``column`` is part of the key, a target row can only match a source row at or after
-    that bound, so the condition changes no result; it lets Delta skip the files of older rows
-    (their min/max statistics), which keeps a MERGE into a growing table from rewriting it all.
-    Timestamps are written and read back in the session time zone.
-    """
-    smallest = df.agg(F.min(column).cast("string").alias("v")).first()
-    if smallest is None or smallest.v is None:
-        return "TRUE"
-    kind = dict(df.dtypes)[column]
-    literal = f"{kind.upper()} '{smallest.v}'" if kind in ("timestamp", "date") else smallest.v
-    return f"t.`{column}` >= {literal}"
 
 
 def side_by_side(*writes: Callable[[], None]) -> None:

@@ -206,6 +206,21 @@ ALERTS_COLUMNS: Columns = (
     ("detected_at", "timestamp"),
     ("batch_id", "long"),
 )
+# What the fast path (per-event checks, Real-time Mode) published to the alerts topic: one row per
+# message, so an alert's first row says when the fast path raised it. The windowed path's row of
+# the same alert_id, if any, is in ``alerts``.
+FAST_ALERTS_COLUMNS: Columns = (
+    ("alert_id", "string"),
+    ("device_id", "string"),
+    ("alert_type", "string"),
+    ("window_start", "timestamp"),
+    ("event_id", "string"),
+    ("event_time", "timestamp"),
+    ("kafka_partition", "int"),  # of the telemetry message that raised it
+    ("kafka_offset", "long"),
+    ("kafka_timestamp", "timestamp"),
+    ("published_at", "timestamp"),  # the alert message's Kafka timestamp
+)
 # A rule alert raised on a window still filling is provisional: when the watermark closes the
 # window, the rules decide once more on its final state, and an alert they no longer call for is
 # withdrawn (kept, marked). Every other alert stands as raised.

@@ -101,9 +101,14 @@ def event_measures(events: DataFrame) -> DataFrame:
             (F.col("voltage_v") * F.col("current_a")) > 1.0,
             F.col("power_w") / (F.col("voltage_v") * F.col("current_a")),
         ).alias("power_ratio"),
-        (F.col("firmware").isNotNull() & F.col("expected_firmware").isNotNull()
-         & (F.col("firmware") != F.col("expected_firmware"))).cast("int").alias("fw_mismatch"),
-    )  # fmt: skip
+        firmware_differs().cast("int").alias("fw_mismatch"),
+    )
+
+
+def firmware_differs() -> Column:
+    """The event reports a firmware other than the one the registry expects (both known)."""
+    return (F.col("firmware").isNotNull() & F.col("expected_firmware").isNotNull()
+            & (F.col("firmware") != F.col("expected_firmware")))  # fmt: skip
 
 
 def _window_aggregates() -> list[Column]:

@@ -9,8 +9,12 @@ detection:       source -> parse -> valid events, first copies (+ the ingest's d
 firmware_ingest: firmware update topic -> parse -> quarantine | firmware_updates    (appends)
 firmware:        firmware changes in telemetry LEFT JOIN firmware_updates (stream-stream,
                  watermarked) -> unauthorized -> firmware_tamper alerts (foreachBatch, MERGE)
+fast_path:       source -> parse -> valid events -> registry join -> per-event rules -> alerts
+                 topic   (Real-time Mode, Kafka sink; see ``pipeline.fastpath``)
+fast_log:        alerts topic -> fast messages -> fast_alerts   (Delta sink, appends)
 
-The firmware queries run with the Kafka source when IOT_FIRMWARE_TOPIC is set.
+The firmware queries run with the Kafka source when IOT_FIRMWARE_TOPIC is set; the fast path in
+live runs with an alerts topic (IOT_PIPELINE_FAST_PATH).
 
 Ingest and detection read the topic each for itself. Detection so never waits for bronze to be
 committed and read back (the path every alert but replay takes is one pass from Kafka); the
@@ -38,6 +42,7 @@ from infra import contract as c
 from infra import lake
 from infra.errors import ConfigError
 from pipeline.detection import FeaturesBatchWriter
+from pipeline.fastpath import fast_alerts, fast_log_rows, fast_messages
 from pipeline.features import feature_events, features_from_events
 from pipeline.firmware import (
     FirmwareIngestWriter,
@@ -58,7 +63,7 @@ from pipeline.rules import RuleThresholds
 from pipeline.scoring import ModelScorer
 from pipeline.settings import PipelineSettings, seconds
 from pipeline.sinks import ensure_tables
-from pipeline.sources import kafka_source, raw_source
+from pipeline.sources import kafka_connection_options, kafka_source, raw_source
 from pipeline.transforms import first_copies, parse_events, valid_events
 from pipeline.webhook import WebhookRelay
 
@@ -68,6 +73,8 @@ INGEST = "ingest"
 DETECTION = "detection"
 FIRMWARE_INGEST = "firmware_ingest"
 FIRMWARE = "firmware"
+FAST_PATH = "fast_path"
+FAST_LOG = "fast_log"
 
 
 def check_locations(settings: PipelineSettings) -> None:
@@ -242,6 +249,61 @@ class Pipeline:
         writer = TamperBatchWriter(s.lake_root, s.window, publish=self.publisher)
         return self._start(unauthorized, FIRMWARE, writer, interval=s.firmware_trigger_interval)
 
+    @property
+    def runs_fast_path(self) -> bool:
+        return runs_fast_path(self.settings)
+
+    def start_fast_path(self) -> StreamingQuery:
+        """The per-event checks, in Real-time Mode, straight to the alerts topic."""
+        s = self.settings
+        partitions = topic_partitions(s)
+        slots = self.spark.sparkContext.defaultParallelism
+        if partitions is not None and slots < partitions + 1:
+            raise ConfigError(
+                f"The fast path holds one task slot per partition of {s.topic!r} ({partitions}) "
+                f"for as long as it runs, and the other queries need at least one more; "
+                f"{self.spark.sparkContext.master} has {slots}. Give Spark more cores "
+                f"(IOT_SPARK_MASTER) or set IOT_PIPELINE_FAST_PATH=false."
+            )
+        events = valid_events(
+            parse_events(kafka_source(self.spark, s, bounded=False),
+                         max_clock_ahead=s.max_clock_ahead)
+        )  # fmt: skip
+        alerts = fast_alerts(events, self._table(lake.DEVICES),
+                             window_s=seconds(s.window), slide_s=seconds(s.slide))  # fmt: skip
+        writer = (
+            fast_messages(alerts)
+            .writeStream.queryName(FAST_PATH)
+            .format("kafka")
+            .options(**kafka_connection_options(s))
+            .option("topic", s.alerts_topic)
+            .option("kafka.linger.ms", "0")  # a pager waits for every message sent alone
+            .option("checkpointLocation", self.checkpoint(FAST_PATH))
+            .outputMode("update")
+        )
+        # pyspark's type hints do not list realTime yet (Spark 4.1+ has it).
+        realtime = writer.trigger(realTime=s.fast_path_checkpoint_interval)  # type: ignore[call-overload]
+        query = realtime.start()
+        assert isinstance(query, StreamingQuery)
+        self.queries.append(query)
+        return query
+
+    def start_fast_log(self) -> StreamingQuery:
+        """Record the fast path's messages in ``fast_alerts`` (Delta sink: exactly once)."""
+        s = self.settings
+        rows = fast_log_rows(kafka_source(self.spark, s, topic=s.alerts_topic))
+        query = (
+            rows.writeStream.queryName(FAST_LOG)
+            .format("delta")
+            .outputMode("append")
+            .option("checkpointLocation", self.checkpoint(FAST_LOG))
+            .trigger(processingTime=s.fast_path_log_interval)
+            .start(lake.table_path(s.lake_root, lake.FAST_ALERTS))
+        )
+        assert isinstance(query, StreamingQuery)
+        self.queries.append(query)
+        return query
+
     def flush_metrics(self) -> None:
         self.listener.flush(self.spark)
 
@@ -299,13 +361,36 @@ def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
     pipeline = prepare(spark, settings)
     if pipeline.checks_firmware:
         pipeline.start_firmware_ingest()
+    if pipeline.runs_fast_path:  # first: its tasks take their slots before the others queue
+        pipeline.start_fast_path()
     pipeline.start_ingest()
     pipeline.start_detection()
     if pipeline.checks_firmware:
         pipeline.start_firmware()
+    if pipeline.runs_fast_path:
+        pipeline.start_fast_log()
     if pipeline.relay is not None:
         pipeline.relay.start()
     return pipeline
+
+
+def runs_fast_path(settings: PipelineSettings) -> bool:
+    """The fast path runs in live runs of the Kafka source that publish alerts."""
+    return (settings.fast_path and settings.source == "kafka" and bool(settings.alerts_topic)
+            and settings.trigger == "processing")  # fmt: skip
+
+
+def topic_partitions(settings: PipelineSettings, timeout_s: float = 15.0) -> int | None:
+    """How many partitions the telemetry topic has (None when it cannot be read)."""
+    from infra.kafka_client import connect
+
+    try:
+        _, metadata = connect(client_config(settings), timeout_s=timeout_s)
+    except Exception as exc:
+        log.warning("cannot read the partitions of %r: %s", settings.topic, exc)
+        return None
+    topic = metadata.topics.get(settings.topic)
+    return len(topic.partitions) if topic is not None and topic.partitions else None
 
 
 def webhook_relay(settings: PipelineSettings) -> WebhookRelay:

@@ -46,6 +46,7 @@ MAINTAINED = (
     lake.ALERTS,
     lake.PIPELINE_METRICS,
     lake.FIRMWARE_UPDATES,
+    lake.FAST_ALERTS,
 )
 # Compaction leaves files of this size or more alone and writes files up to the larger size.
 COMPACT_MIN_FILE_BYTES = 32 * 1024 * 1024

@@ -12,6 +12,11 @@ so it publishes the same changes again; one whose table write succeeded finds th
 publishes nothing. Hence the latest message of an ``alert_id`` is the table's row, and a consumer
 drops copies by keeping, per ``alert_id``, the latest message (or the first of each
 ``status``, to act once per raise and once per withdrawal).
+
+Every message also says which ``path`` raised it: ``windowed`` for these, ``fast`` for the
+per-event checks of ``pipeline.fastpath``, which publish straight from their query with the same
+``alert_id`` and carry the event that raised them (EVENT_FIELDS). The table's row of an alert is
+its latest ``windowed`` message.
 """
 
 from __future__ import annotations
@@ -38,7 +43,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_TIMESTAMPS = {name for name, kind in c.ALERTS_COLUMNS if kind == "timestamp"}
+# Which path raised a message: the windowed queries (the table's rows) or the fast path.
+PATH, WINDOWED, FAST = "path", "windowed", "fast"
+# What a fast-path message adds: the event that raised it and its telemetry message.
+EVENT_FIELDS = ("event_id", "kafka_partition", "kafka_offset", "kafka_timestamp")
+_TIMESTAMPS = {name for name, kind in c.ALERTS_COLUMNS if kind == "timestamp"} | {"kafka_timestamp"}
 
 
 class AlertPublishError(RuntimeError):
@@ -63,11 +72,10 @@ def _json_value(name: str, value: Any) -> Any:
 
 
 def alert_message(row: Mapping[str, Any]) -> bytes:
-    """The message value of an alert row: its contract columns as one JSON object."""
-    return json.dumps(
-        {name: _json_value(name, row.get(name)) for name in c.column_names(c.ALERTS_COLUMNS)},
-        separators=(",", ":"),
-    ).encode()
+    """The message value of an alert row: its contract columns, then ``path``, as one JSON
+    object."""
+    fields = {name: _json_value(name, row.get(name)) for name in c.column_names(c.ALERTS_COLUMNS)}
+    return json.dumps({**fields, PATH: WINDOWED}, separators=(",", ":")).encode()
 
 
 def read_alert_message(value: bytes) -> dict[str, Any]:

@@ -144,11 +144,17 @@ def _stuck(w: pd.DataFrame, t: pd.DataFrame) -> pd.Series:
     return names
 
 
+# The two rules a single event decides; the fast path (pipeline.fastpath) raises them per event
+# with these texts.
+ROGUE_REASON = "device_id is not in the device registry"
+FIRMWARE_REASON = "firmware %s, registry expects %s"
+
+
 def rules() -> list[Rule]:
     return [
         Rule("rogue_device", "critical", lambda w, t: ~w["registered"].astype(bool),
              lambda w, t: pd.Series(1.0, index=w.index),
-             lambda w, t: pd.Series("device_id is not in the device registry", index=w.index)),
+             lambda w, t: pd.Series(ROGUE_REASON, index=w.index)),
         Rule("impossible_travel", "high",
              lambda w, t: (w["implied_speed_kmh"] > t["max_speed_kmh"])
              & (w["spread_km"] > t["min_travel_km"]),
@@ -165,8 +171,7 @@ def rules() -> list[Rule]:
                                w[col.DUPLICATE_COUNT])),
         Rule("firmware_mismatch", "medium", lambda w, t: w["firmware_mismatch_count"] > 0,
              lambda w, t: w["firmware_mismatch_count"] / w[col.EVENT_COUNT].clip(lower=1),
-             lambda w, t: _fmt("firmware %s, registry expects %s", w["last_firmware"],
-                               w["expected_firmware"])),
+             lambda w, t: _fmt(FIRMWARE_REASON, w["last_firmware"], w["expected_firmware"])),
         Rule("flood", "medium", lambda w, t: w["events_per_min"] > _flood_limit(w, t),
              lambda w, t: w["events_per_min"] / (10 * _flood_limit(w, t)),
              lambda w, t: _fmt("%.1f messages/min (limit %.1f)", w["events_per_min"],
@@ -182,6 +187,7 @@ def rules() -> list[Rule]:
 
 
 RULE_TYPES = tuple(rule.alert_type for rule in rules())
+SEVERITY = {rule.alert_type: rule.severity for rule in rules()}
 
 
 def rule_alerts(windows: pd.DataFrame, thresholds: RuleThresholds | None = None) -> pd.DataFrame:

@@ -119,6 +119,22 @@ class PipelineSettings(CommonSettings):
         description="Kafka topic every alert change is published to (JSON, keyed by device_id; "
         "README: alerts topic), created at start if absent; empty: none. Kafka source only",
     )
+    fast_path: bool = Field(
+        default=True,
+        description="Run the per-event checks (rogue_device, firmware_mismatch) in a Real-time "
+        "Mode query that publishes to the alerts topic within milliseconds (README: fast path); "
+        "live runs with an alerts topic only",
+    )
+    fast_path_checkpoint_interval: str = Field(
+        default="5 minutes",
+        description="How often the fast path commits its Kafka offsets (a restart publishes again "
+        "what it read since); Real-time Mode's batch duration",
+    )
+    fast_path_log_interval: str = Field(
+        default="10 seconds",
+        description="processingTime interval of the query that records fast-path alerts in the "
+        "fast_alerts table (what the dashboard compares with the windowed path)",
+    )
     webhook_url: SecretStr = Field(
         default=SecretStr(""),
         description="POST every message of the alerts topic to this http(s) URL (README: "
@@ -158,6 +174,8 @@ class PipelineSettings(CommonSettings):
     @field_validator(
         "trigger_interval",
         "firmware_trigger_interval",
+        "fast_path_checkpoint_interval",
+        "fast_path_log_interval",
         "window",
         "slide",
         "watermark",

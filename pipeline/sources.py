@@ -10,10 +10,15 @@ from pipeline.settings import PipelineSettings
 
 
 def kafka_source(
-    spark: SparkSession, settings: PipelineSettings, topic: str | None = None
+    spark: SparkSession,
+    settings: PipelineSettings,
+    topic: str | None = None,
+    *,
+    bounded: bool = True,
 ) -> DataFrame:
     """The telemetry topic (or ``topic``); every ``kafka.*`` option is passed through (SASL_SSL,
-    Event Hubs)."""
+    Event Hubs). ``bounded``: at most ``max_offsets_per_trigger`` per micro-batch (Real-time Mode
+    has no micro-batches to bound)."""
     reader = (
         spark.readStream.format("kafka")
         .options(**kafka_connection_options(settings))
@@ -22,7 +27,7 @@ def kafka_source(
         # A topic recreated or truncated under a checkpoint must not stop the pipeline silently.
         .option("failOnDataLoss", "false")
     )
-    if settings.max_offsets_per_trigger:
+    if bounded and settings.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
     return reader.load().select(
         F.col("key").cast("string").alias("key"),

@@ -112,15 +112,16 @@ def topic_messages(bootstrap: str, topic: str) -> list[Any]:
 
 
 def latest_alerts(bootstrap: str, topic: str) -> dict[str, dict[str, Any]]:
-    """The alerts topic as a consumer keeping each alert's latest message sees it; every message
-    keyed by its alert's device."""
-    from pipeline.publish import read_alert_message
+    """The alerts topic as a consumer keeping each alert's latest windowed message sees it (the
+    fast path's are left out), without ``path``; every message keyed by its alert's device."""
+    from pipeline.publish import PATH, WINDOWED, read_alert_message
 
     latest: dict[str, dict[str, Any]] = {}
     for message in topic_messages(bootstrap, topic):
         record = read_alert_message(message.value())
         assert message.key().decode() == record["device_id"]
-        latest[record["alert_id"]] = record
+        if record.pop(PATH) == WINDOWED:
+            latest[record["alert_id"]] = record
     return latest
 
 

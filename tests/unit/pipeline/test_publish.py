@@ -19,7 +19,8 @@ def test_a_message_holds_every_column_of_the_row_and_reads_back_equal() -> None:
     # As the table gives a row back (toPandas): reasons a numpy array, the score a numpy float.
     row["reasons"], row["score"] = np.array(["40 events"]), np.float64(0.75)
     value = json.loads(alert_message(row))
-    assert list(value) == list(c.column_names(c.ALERTS_COLUMNS))
+    assert list(value) == [*c.column_names(c.ALERTS_COLUMNS), "path"]
+    assert value["path"] == "windowed"
     assert value["window_start"] == "2026-11-25T08:00:00.000000Z"
     assert value["detected_at"] == "2026-11-25T08:04:30.123456Z"
     assert value["model_name"] is None and value["status"] == "raised"

@@ -1,0 +1,159 @@
+"""The fast path: the checks one event decides, published within milliseconds of its message.
+
+Two rules need no window: a device that is not in the registry (``rogue_device``) and a firmware
+other than the one the registry expects (``firmware_mismatch``). The fast path raises them for
+each event, in a query of its own that runs in Spark's Real-time Mode: long-running tasks, one
+per Kafka partition, read the telemetry topic and write to the alerts topic as records arrive,
+with no micro-batch to wait for (and so without foreachBatch or a Delta sink, which Real-time
+Mode does not offer)::
+
+    telemetry topic -> parse (the pipeline's own checks: a quarantined record raises nothing)
+      -> registry join (stream-static, broadcast) -> per-event rules -> alerts topic
+
+Its messages are the windowed path's (``pipeline.publish``), with these differences:
+
+- ``path`` is ``fast`` (``windowed`` on the others);
+- one message per offending event and window: an event lies in window/slide sliding windows, and
+  each message carries the ``alert_id`` the windowed path gives that window's alert, so a
+  consumer dropping copies by ``alert_id`` sees each alert once;
+- the event that raised it: ``event_id`` and its telemetry message's partition, offset and
+  timestamp; ``first_event_time`` and ``last_event_time`` are its event time; ``detected_at`` is
+  when the fast path raised it; ``batch_id`` is null.
+
+The windowed path stays the system of record. It raises the same alerts, with the same ids, once
+a window holds the rule's minimum of events, and writes them to the ``alerts`` table. A fast alert
+the windowed path never raises is one its window did not confirm (fewer events than the minimum,
+or an event later than the watermark).
+
+At least once: the fast path commits its offsets every ``fast_path_checkpoint_interval``; after a
+crash it publishes again what it read since. The registry is read at each such commit.
+
+A small micro-batch query (``fast_log_rows``) records each fast message in the ``fast_alerts``
+table, so the dashboard can say which path raised an alert first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from infra import contract as c
+from pipeline.features import firmware_differs, with_device
+from pipeline.publish import EVENT_FIELDS, FAST, PATH
+from pipeline.rules import FIRMWARE_REASON, ROGUE_REASON, SEVERITY
+
+# Timestamps in messages: UTC ISO 8601 to the microsecond, as ``pipeline.publish`` writes them
+# (the session time zone is UTC).
+ISO_TIME = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'"
+
+
+def window_starts(event_time: Column, *, window_s: int, slide_s: int) -> Column:
+    """The starts of the sliding windows holding ``event_time``: Spark's ``window(event_time,
+    window, slide)`` starts, newest first, as an array."""
+    latest = F.floor(F.unix_micros(event_time) / (slide_s * 1_000_000)) * slide_s
+    back = F.sequence(F.lit(0), F.lit(window_s // slide_s - 1))
+    return F.transform(back, lambda k: F.timestamp_seconds(latest - k * slide_s))
+
+
+def alert_id(device_id: Column, alert_type: Column, window_start: Column) -> Column:
+    """``pipeline.alerts.alert_id_of`` as a Spark column."""
+    start = F.date_format(window_start, "yyyy-MM-dd HH:mm:ss")
+    return F.sha2(F.concat_ws("|", device_id, alert_type, start), 256)
+
+
+def _now() -> Column:
+    # current_timestamp() is fixed for a whole batch, and a Real-time Mode batch lasts minutes.
+    millis = F.expr("reflect('java.lang.System', 'currentTimeMillis')").cast("long")
+    return F.timestamp_millis(millis)
+
+
+def fast_alerts(events: DataFrame, devices: DataFrame, *, window_s: int, slide_s: int) -> DataFrame:
+    """One alert row per event that a per-event rule flags and per window holding the event.
+
+    Input: ``valid_events`` rows (a stream or a batch) and the registry. Output: the ``alerts``
+    columns, then ``path`` and EVENT_FIELDS. Stateless: safe in Real-time Mode.
+    """
+    rogue = ~F.col("registered")
+    # A rogue device has no expected firmware: one event raises one of the two, never both.
+    alert_type = F.when(rogue, F.lit("rogue_device")).otherwise(F.lit("firmware_mismatch"))
+    reason = F.when(rogue, F.lit(ROGUE_REASON)).otherwise(
+        F.format_string(FIRMWARE_REASON, F.col("firmware"), F.col("expected_firmware"))
+    )
+    severity = F.when(rogue, F.lit(SEVERITY["rogue_device"])).otherwise(
+        F.lit(SEVERITY["firmware_mismatch"])
+    )
+    starts = window_starts(F.col("event_time"), window_s=window_s, slide_s=slide_s)
+    flagged = (
+        with_device(events, devices)
+        .where(rogue | firmware_differs())
+        .select("*", alert_type.alias("alert_type"), F.explode(starts).alias("window_start"))
+    )
+    values = {
+        "alert_id": alert_id(F.col("device_id"), F.col("alert_type"), F.col("window_start")),
+        "device_id": F.col("device_id"),
+        "alert_type": F.col("alert_type"),
+        "severity": severity,
+        "score": F.lit(1.0),
+        "reasons": F.array(reason),
+        "model_name": F.lit(None).cast("string"),
+        "model_version": F.lit(None).cast("string"),
+        "window_start": F.col("window_start"),
+        "window_end": F.col("window_start") + F.make_dt_interval(secs=F.lit(window_s)),
+        "first_event_time": F.col("event_time"),
+        "last_event_time": F.col("event_time"),
+        "status": F.lit(c.ALERT_RAISED),
+        "detected_at": _now(),
+        "batch_id": F.lit(None).cast("long"),
+        PATH: F.lit(FAST),
+        **{name: F.col(name) for name in EVENT_FIELDS},
+    }
+    return flagged.select(*(value.alias(name) for name, value in values.items()))
+
+
+def fast_messages(alerts: DataFrame) -> DataFrame:
+    """``fast_alerts`` rows as Kafka sink records: key ``device_id``, value the JSON message."""
+    options = {"timestampFormat": ISO_TIME, "ignoreNullFields": "false"}
+    return alerts.select(
+        F.col("device_id").alias("key"),
+        F.to_json(F.struct(*alerts.columns), options).alias("value"),
+    )
+
+
+def fast_log_rows(messages: DataFrame) -> DataFrame:
+    """The alerts topic's fast messages (Kafka source rows) as ``fast_alerts`` table rows; the
+    windowed path's messages, and any value that is not a fast message, are skipped."""
+    fields = {name: kind for name, kind in c.FAST_ALERTS_COLUMNS}
+    wanted = {
+        **{name: fields[name] for name in ("alert_id", "device_id", "alert_type", "window_start")},
+        "first_event_time": "timestamp",
+        PATH: "string",
+        **{name: fields[name] for name in EVENT_FIELDS},
+    }
+    schema = ", ".join(f"`{name}` {kind}" for name, kind in wanted.items())
+    parsed = messages.select(
+        F.from_json(F.col("value").cast("string"), schema, {"timestampFormat": ISO_TIME})
+        .alias("m"),
+        F.col("timestamp").alias("published_at"),
+    )  # fmt: skip
+    rows = parsed.where(F.col(f"m.{PATH}") == FAST).select(
+        "m.*", F.col("m.first_event_time").alias("event_time"), "published_at"
+    )
+    return rows.select(*c.column_names(c.FAST_ALERTS_COLUMNS))
+
+
+_LOCAL = re.compile(r"^local\[(\*|\d+)(,\d+)?\]$|^local$")
+
+
+def realtime_master(master: str, partitions: int) -> str:
+    """A local master with ``partitions`` more task slots: the fast path holds one per Kafka
+    partition for as long as it runs, and the micro-batch queries need theirs beside it. Any
+    other master is returned as it is (size its cores for both)."""
+    found = _LOCAL.match(master)
+    if not found:
+        return master
+    threads, failures = (found.group(1), found.group(2) or "") if found.group(1) else ("1", "")
+    base = (os.cpu_count() or 2) if threads == "*" else int(threads)
+    return f"local[{base + partitions}{failures}]"

@@ -1,0 +1,140 @@
+"""The fast path's per-event alerts: the windowed path's ids, types and texts, from the same
+parse; its messages read back as the ``fast_alerts`` table rows."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from infra import contract as c
+from pipeline.alerts import alert_id_of
+from pipeline.fastpath import fast_alerts, fast_log_rows, fast_messages, realtime_master
+from pipeline.features import features_from_events
+from pipeline.publish import EVENT_FIELDS, alert_message, read_alert_message
+from pipeline.rules import rule_alerts
+from pipeline.transforms import parse_events, valid_events
+from tests.pipeline_helpers import device_series
+from tests.unit.pipeline.test_rules import events_df, registry_df
+from tests.unit.pipeline.test_transforms import RAW_DDL
+
+START = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
+SENT = START + timedelta(hours=1)  # the messages' Kafka timestamp: no clock is ahead
+
+
+def kafka_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [(e["device_id"], json.dumps(e).encode(), "telemetry", i % 2, 100 + i, SENT)
+            for i, e in enumerate(events)]  # fmt: skip
+
+
+def fleet() -> list[dict[str, Any]]:
+    """A clean device, a rogue one, one on a firmware the registry does not expect, one that
+    sends no firmware; 8 minutes each, so two windows close and one stays open."""
+    return [
+        *device_series("clean", START, 16, every_s=30),
+        *device_series("rogue", START, 16, every_s=30),
+        *device_series("firmware", START, 16, every_s=30, firmware="6.6.6"),
+        *[{k: v for k, v in e.items() if k != "firmware"}
+          for e in device_series("stuck", START, 16, every_s=30)],
+    ]  # fmt: skip
+
+
+FLEET = fleet()  # once: event ids are random
+
+
+@pytest.fixture(scope="module")
+def fast(spark: Any) -> Any:
+    raw = spark.createDataFrame(kafka_rows(FLEET), RAW_DDL)
+    events = valid_events(parse_events(raw))
+    return fast_alerts(events, registry_df(spark), window_s=600, slide_s=300).toPandas()
+
+
+def test_each_offending_event_raises_its_alert_in_every_window_holding_it(fast: Any) -> None:
+    assert list(fast.columns) == [*c.column_names(c.ALERTS_COLUMNS), "path", *EVENT_FIELDS]
+    counts = fast.groupby(["device_id", "alert_type"]).size().to_dict()
+    # 16 events, each in 2 sliding windows; nothing for the clean device or a missing firmware.
+    assert counts == {("firmware", "firmware_mismatch"): 32, ("rogue", "rogue_device"): 32}
+    first = fast[fast["kafka_offset"] == fast["kafka_offset"].min()]
+    assert sorted(first["window_start"]) == [pd_time(START - timedelta(minutes=5)), pd_time(START)]
+    assert (first["window_end"] - first["window_start"] == timedelta(minutes=10)).all()
+    assert set(fast["path"]) == {"fast"} and set(fast["status"]) == {"raised"}
+    assert fast["batch_id"].isna().all() and fast["detected_at"].notna().all()
+    assert (fast["first_event_time"] == fast["last_event_time"]).all()
+
+
+def test_ids_severities_and_reasons_are_the_windowed_paths(spark: Any, fast: Any) -> None:
+    windows = features_from_events(
+        events_df(spark, FLEET), registry_df(spark), window="10 minutes", slide="5 minutes"
+    ).toPandas()
+    windowed = rule_alerts(windows)
+    windowed = windowed[windowed["alert_type"].isin(["rogue_device", "firmware_mismatch"])]
+    assert len(windowed) == 6  # 3 windows x 2 devices
+    by_id = fast.drop_duplicates("alert_id").set_index("alert_id")
+    assert set(windowed["alert_id"]) == set(by_id.index)
+    for row in windowed.itertuples():
+        assert by_id.loc[row.alert_id, "severity"] == row.severity
+        assert list(by_id.loc[row.alert_id, "reasons"]) == list(row.reasons)
+        assert row.alert_id == alert_id_of(row.device_id, row.alert_type, row.window_start)
+
+
+def test_messages_read_back_as_alerts_and_as_fast_alerts_rows(spark: Any, fast: Any) -> None:
+    raw = spark.createDataFrame(kafka_rows(FLEET), RAW_DDL)
+    alerts = fast_alerts(valid_events(parse_events(raw)), registry_df(spark), window_s=600,
+                         slide_s=300)  # fmt: skip
+    messages = fast_messages(alerts).collect()
+    assert {m.key for m in messages} == {"rogue", "firmware"}
+    record = read_alert_message(messages[0].value.encode())
+    assert record["path"] == "fast" and record["batch_id"] is None
+    assert record["window_start"].tzinfo == timezone.utc
+    assert record["kafka_timestamp"] == SENT
+    published = START + timedelta(hours=2)
+    topic = [(m.key, m.value.encode(), "iot.alerts", 0, i, published)
+             for i, m in enumerate(messages)]  # fmt: skip
+    # The windowed path's messages and anything else on the topic are no fast alerts.
+    windowed = alert_message({"alert_id": "w", "device_id": "d", "status": "raised"})
+    topic += [("d", windowed, "iot.alerts", 0, 900, published),
+              ("d", b"not json", "iot.alerts", 0, 901, published)]  # fmt: skip
+    rows = fast_log_rows(spark.createDataFrame(topic, RAW_DDL)).toPandas()
+    assert list(rows.columns) == c.column_names(c.FAST_ALERTS_COLUMNS)
+    assert len(rows) == len(messages) == 64
+    expected = fast.sort_values(["kafka_offset", "window_start"]).reset_index(drop=True)
+    got = rows.sort_values(["kafka_offset", "window_start"]).reset_index(drop=True)
+    for name in ("alert_id", "device_id", "alert_type", "window_start", "event_id",
+                 "kafka_partition", "kafka_offset", "kafka_timestamp"):  # fmt: skip
+        assert got[name].tolist() == expected[name].tolist(), name
+    assert got["event_time"].tolist() == expected["first_event_time"].tolist()
+    assert (got["published_at"] == pd_time(published)).all()
+
+
+def test_a_quarantined_record_raises_nothing(spark: Any) -> None:
+    bad = device_series("rogue", START, 2)
+    bad[0]["metrics"]["voltage_v"] = -5000.0  # impossible: quarantined
+    bad[1]["event_time"] = (SENT + timedelta(hours=1)).isoformat()  # clock far ahead
+    raw = spark.createDataFrame(kafka_rows(bad), RAW_DDL)
+    assert fast_alerts(valid_events(parse_events(raw)), registry_df(spark), window_s=600,
+                       slide_s=300).count() == 0  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("master", "partitions", "expected"),
+    [("local[2]", 3, "local[5]"), ("local[4,2]", 2, "local[6,2]"), ("local", 1, "local[2]"),
+     ("spark://host:7077", 3, "spark://host:7077")],
+)  # fmt: skip
+def test_a_local_master_gets_a_slot_per_partition_more(
+    master: str, partitions: int, expected: str
+) -> None:
+    assert realtime_master(master, partitions) == expected
+
+
+def test_local_star_counts_the_cores() -> None:
+    import os
+
+    assert realtime_master("local[*]", 2) == f"local[{(os.cpu_count() or 2) + 2}]"
+
+
+def pd_time(at: datetime) -> Any:
+    import pandas as pd
+
+    return pd.Timestamp(at.astimezone(timezone.utc).replace(tzinfo=None))

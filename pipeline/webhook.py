@@ -7,6 +7,12 @@ delays the POSTs, not the alerts. A message's offset is committed once it was de
 dead-lettered, so after a crash or a stop the relay resumes where it was: at least once, like the
 topic. The receiver drops copies by ``alert_id`` (also sent as the ``X-Alert-Id`` header) and
 ``status``.
+
+The fast path (``pipeline.fastpath``) publishes a message per offending event: a device that is
+not in the registry gives one every few seconds, all with the same ``alert_id`` for a window.
+The relay POSTs the first and skips a fast message whose alert it has already POSTed (it
+remembers the last RECENT_ALERTS alert ids; a restart forgets them). Windowed messages, the
+table's rows, are always POSTed.
 """
 
 from __future__ import annotations
@@ -17,17 +23,22 @@ import logging
 import threading
 import urllib.error
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from pipeline.publish import FAST, PATH
+
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 log = logging.getLogger(__name__)
 
+# How many alert ids the relay remembers to skip fast-path copies (about 8 MB).
+RECENT_ALERTS = 100_000
 # Retrying these may succeed; any other 4xx means the receiver refuses this message as it is.
 _RETRYABLE_STATUS = {408, 425, 429}
 _MAX_DELAY_S = 60.0
@@ -112,6 +123,8 @@ class WebhookRelay:
     send: Callable[..., None] = post
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
+    # Alert ids POSTed lately, oldest first (only the relay's thread uses it).
+    _posted: OrderedDict[str, None] = field(default_factory=OrderedDict, repr=False)
 
     def start(self) -> WebhookRelay:
         self._thread = threading.Thread(target=self._run, name="webhook-relay", daemon=True)
@@ -174,7 +187,9 @@ class WebhookRelay:
         """True once delivered or dead-lettered; False when stopped before either (the message
         stays uncommitted and is relayed after the next start)."""
         body = message.value() or b""
-        alert_id = _alert_id(body)
+        alert_id, path = _alert_id_and_path(body)
+        if path == FAST and alert_id in self._posted:
+            return True  # a copy: the receiver has this alert
         waits = delays(self.attempts, self.first_delay_s)
         tried = 0
         error = ""
@@ -182,6 +197,7 @@ class WebhookRelay:
             tried += 1
             try:
                 self.send(self.url, body, alert_id=alert_id, timeout_s=self.timeout_s)
+                self._remember(alert_id)
                 return True
             except DeliveryError as exc:
                 error = str(exc)
@@ -208,9 +224,16 @@ class WebhookRelay:
             raise RuntimeError(f"dead-letter topic {self.dead_letter_topic!r}: {reason}")
         return True
 
+    def _remember(self, alert_id: str) -> None:
+        self._posted[alert_id] = None
+        self._posted.move_to_end(alert_id)
+        while len(self._posted) > RECENT_ALERTS:
+            self._posted.popitem(last=False)
 
-def _alert_id(body: bytes) -> str:
+
+def _alert_id_and_path(body: bytes) -> tuple[str, str]:
     try:
-        return str(json.loads(body).get("alert_id", ""))
+        record = json.loads(body)
+        return str(record.get("alert_id", "")), str(record.get(PATH, ""))
     except (ValueError, AttributeError):
-        return ""
+        return "", ""

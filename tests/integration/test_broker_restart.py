@@ -1,9 +1,10 @@
 """The broker goes down mid-stream and comes back: the simulator and the pipeline recover on
-their own, every message sent ends up in the lake exactly once, and every alert on the alerts
-topic."""
+their own, every message sent ends up in the lake exactly once, every alert on the alerts topic,
+and the fast path's alert of every rogue reading."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -19,7 +20,14 @@ from infra import lake as lake_tables
 from infra.kafka import KafkaBroker
 from infra.ports import free_port
 from infra.settings import StackSettings
-from tests.pipeline_helpers import device_series, encoded, latest_alerts, produce, table_alerts
+from tests.pipeline_helpers import (
+    device_series,
+    encoded,
+    latest_alerts,
+    produce,
+    table_alerts,
+    topic_messages,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,6 +43,14 @@ def rows(lake: str, table: str) -> list[dict[str, object]]:
     except TableNotFoundError:
         return []
     return data.to_pylist()
+
+
+def fast_alerted(bootstrap: str, topic: str) -> set[str]:
+    """The events the fast path published an alert for."""
+    from pipeline.publish import FAST, PATH
+
+    messages = [json.loads(m.value()) for m in topic_messages(bootstrap, topic)]
+    return {m["event_id"] for m in messages if m[PATH] == FAST}
 
 
 def test_simulator_and_pipeline_ride_out_a_broker_restart(tmp_path: Path) -> None:
@@ -115,6 +131,12 @@ def test_simulator_and_pipeline_ride_out_a_broker_restart(tmp_path: Path) -> Non
             assert time.monotonic() < deadline, "the alerts topic does not hold the table's alerts"
             time.sleep(3)
         assert rogues == {"rogue_device"}
+        # The fast path rode out the outage too: every rogue reading has its fast alert.
+        wanted = {e["event_id"] for e in rogue}
+        while not wanted <= fast_alerted(broker.bootstrap_servers, "iot.alerts"):
+            assert procs["pipeline"].poll() is None, (tmp_path / "pipeline.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the fast path lost alerts in the restart"
+            time.sleep(3)
     finally:
         for proc in procs.values():
             if proc.poll() is None:

@@ -51,6 +51,7 @@ def test_model_alerts_carry_the_version_and_follow_the_alias(
         lake_root=lake, checkpoint_root=str(tmp_path / "cp"), bootstrap_servers=bootstrap,
         topic=topic, window="10 minutes", slide="5 minutes", watermark="5 minutes",
         mlflow_tracking_uri=mlflow_uri, model_name=MODEL, firmware_topic="",
+        fast_path=False,  # its tasks need slots the shared local[2] session lacks
     )  # fmt: skip
     pipeline = job.start(spark, settings)
 

@@ -36,6 +36,7 @@ def settings_for(
         topic=topic, firmware_topic=updates_topic, window="10 minutes", slide="5 minutes",
         watermark="5 minutes", mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
         firmware_trigger_interval="1 second",
+        fast_path=False,  # its tasks need slots the shared local[2] session lacks
     )  # fmt: skip
 
 

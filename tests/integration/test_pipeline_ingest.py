@@ -32,6 +32,8 @@ def settings_for(lake_root: str, tmp_path: Path, **overrides: Any) -> PipelineSe
         watermark="10 minutes",
         dedup_horizon="15 minutes",
         firmware_topic="",
+        # Its Real-time Mode tasks need slots the shared local[2] session lacks (test_fast_path).
+        fast_path=False,
         # An empty store (rules only), not the checkout's local one with whatever model is there.
         mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
         **overrides,

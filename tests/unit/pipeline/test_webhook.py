@@ -98,3 +98,26 @@ def test_a_dead_letter_the_broker_refuses_is_read_again_not_committed() -> None:
     with pytest.raises(RuntimeError, match="dead-letter topic 'dead'"):
         relay._relay_next(consumer, _Producer())  # type: ignore[arg-type]
     assert consumer.commits == 0 and consumer.seeks == [("iot.alerts", 2, 41)]
+
+
+def test_fast_path_copies_of_an_alert_are_posted_once_windowed_messages_always() -> None:
+    import json
+
+    posted: list[tuple[str, str]] = []
+
+    def send(_url: str, body: bytes, **_kw: Any) -> None:
+        record = json.loads(body)
+        posted.append((record["alert_id"], record["path"]))
+
+    relay = WebhookRelay({}, "iot.alerts", "http://h/x", "dead", group="g", send=send)
+    consumer = _Consumer()
+    stream = [("a1", "fast"), ("a1", "fast"), ("a2", "fast"), ("a1", "windowed"),
+              ("a1", "windowed"), ("a1", "fast"), ("a3", "windowed"), ("a3", "fast")]  # fmt: skip
+    for alert_id, path in stream:
+        message = _Message()
+        message.body = json.dumps({"alert_id": alert_id, "path": path}).encode()
+        consumer.poll = lambda _timeout, message=message: message  # type: ignore[method-assign]
+        relay._relay_next(consumer, _Producer())  # type: ignore[arg-type]
+    assert posted == [("a1", "fast"), ("a2", "fast"), ("a1", "windowed"), ("a1", "windowed"),
+                      ("a3", "windowed")]  # fmt: skip
+    assert consumer.commits == len(stream)  # a skipped copy is committed too

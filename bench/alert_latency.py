@@ -7,8 +7,9 @@ Usage::
 Starts its own broker (free ports, temp folder) unless KAFKA_BOOTSTRAP_SERVERS is set, creates a
 registry, starts ``python -m pipeline run`` as a user would (every query, the fast path on, rules
 only, ``local[2]`` plus the fast path's slot per partition, 4 partitions) and, once it runs, the
-simulator at ``--rate`` events/s for ``--seconds`` with every scenario (devices report every 4-6
-s, so 5 x ``--rate`` devices run the simulated clock in real time). After a drain it reads the
+simulator at ``--rate`` events/s for ``--seconds`` with every scenario, rogue devices and firmware
+changes ten times as often as by default (devices report every 4-6 s, so 5 x ``--rate`` devices
+run the simulated clock in real time). After a drain it reads the
 alerts topic and the lake and prints a JSON object:
 
 - ``fast``: per fast-path message, its Kafka timestamp minus the Kafka timestamp of the telemetry
@@ -39,12 +40,13 @@ import pandas as pd
 from bench_broker import bench_broker
 from pipeline_latency import check_running, lake_rows, quantiles, query_metrics
 
+from infra import contract as c
 from infra.kafka_client import read_topic
 from iotfraud.demo import table_rows
 from pipeline.publish import FAST, PATH, WINDOWED, read_alert_message
 from pipeline.rules import Thresholds
 
-PER_EVENT = ("rogue_device", "firmware_mismatch")
+SCENARIOS = ("rogue_device", "firmware_change")  # what the simulator injects to raise them
 ALERTS_TOPIC = "bench.alerts"
 
 
@@ -57,7 +59,9 @@ def run(root: Path, bootstrap: str, args: argparse.Namespace) -> int:
            "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'none.db'}",
            "IOT_SPARK_MASTER": "local[2]", "IOT_SPARK_SHUFFLE_PARTITIONS": "2",
            "IOT_SIM_DEVICES": str(args.devices), "IOT_SIM_PARTITIONS": "4",
-           "IOT_SIM_INTERVAL_MIN_S": "4", "IOT_SIM_INTERVAL_MAX_S": "6"}  # fmt: skip
+           "IOT_SIM_INTERVAL_MIN_S": "4", "IOT_SIM_INTERVAL_MAX_S": "6",
+           # Enough rogue devices and firmware changes in a few minutes to measure.
+           "IOT_SIM_SCENARIO_RATES": json.dumps({s: 60 for s in SCENARIOS})}  # fmt: skip
     subprocess.run([sys.executable, "-m", "simulator", "registry", "create"], env=env,
                    check=True, capture_output=True)  # fmt: skip
     subprocess.run([sys.executable, "-m", "simulator", "simulate", "--count", "1",
@@ -171,7 +175,7 @@ def main() -> int:
         fast = messages[messages["path"] == FAST]
         fast_s = (fast["published"] - fast["event_sent"]).dt.total_seconds()
         windowed = messages[(messages["path"] == WINDOWED)
-                            & messages["alert_type"].isin(PER_EVENT)]  # fmt: skip
+                            & messages["alert_type"].isin(c.PER_EVENT_ALERT_TYPES)]  # fmt: skip
         first = windowed.sort_values("published").drop_duplicates("alert_id").reset_index()
         first["due"] = windowed_due(first, lake, window_s)
         windowed_s = (first["published"] - first["due"]).dt.total_seconds().dropna()

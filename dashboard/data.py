@@ -46,6 +46,7 @@ CONTRACTS: dict[str, c.Columns] = {
     lake.PIPELINE_METRICS: c.PIPELINE_METRICS_COLUMNS,
     lake.GROUND_TRUTH: c.GROUND_TRUTH_COLUMNS,
     lake.EVALUATION: c.EVALUATION_COLUMNS,
+    lake.FAST_ALERTS: c.FAST_ALERTS_COLUMNS,
 }
 UTC_US = pa.timestamp("us", tz="UTC")
 SEVERITY_RANK = {name: rank for rank, name in enumerate(c.SEVERITIES)}
@@ -266,6 +267,68 @@ def write_feedback(
         lake.ensure_lake(lake_root)
     write_deltalake(uri, table, mode="append")
     log.info("feedback %s on alert %s by %s", verdict, alert_id, analyst or "?")
+
+
+# --- Which path raised an alert first ------------------------------------------------------------
+# The alert types the fast path raises, one event at a time (``pipeline.fastpath``); the windowed
+# path raises them too, with the same ``alert_id``.
+FAST_PATH_TYPES = c.PER_EVENT_ALERT_TYPES
+FAST_FIRST = "fast path"
+WINDOWED_FIRST = "windowed"
+
+
+def read_fast_path(
+    lake_root: str,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    alert_ids: Sequence[str] | None = None,
+) -> pl.DataFrame:
+    """Per alert whose window starts in ``[since, until)`` (as ``read_alerts`` bounds alerts):
+    ``alert_id``, ``fast_published_at`` (the fast path's first message) and ``fast_messages``.
+
+    Empty when the lake has no ``fast_alerts`` table (the fast path off, or an older lake).
+    """
+    where = _and(time_filter("window_start", since, until), in_filter("alert_id", alert_ids))
+    frame = read_table(
+        lake_root, lake.FAST_ALERTS, columns=["alert_id", "published_at"], where=where
+    )
+    return frame.group_by("alert_id").agg(
+        pl.col("published_at").min().alias("fast_published_at"),
+        pl.len().cast(pl.Int64).alias("fast_messages"),
+    )
+
+
+def with_first_path(alerts: pl.DataFrame, fast: pl.DataFrame) -> pl.DataFrame:
+    """Alerts (with ``detected_at``) plus ``read_fast_path``'s columns (``fast_messages`` 0 when
+    none), ``fast_lead_s`` (how long before ``detected_at`` the fast path published it; negative
+    when after) and ``first_by``: ``FAST_FIRST`` when the fast path was earlier, else
+    ``WINDOWED_FIRST``."""
+    lead = (pl.col("detected_at") - pl.col("fast_published_at")).dt.total_microseconds() / 1e6
+    return (
+        alerts.join(fast, on="alert_id", how="left", maintain_order="left")
+        .with_columns(pl.col("fast_messages").fill_null(0), lead.alias("fast_lead_s"))
+        .with_columns(
+            pl.when(pl.col("fast_lead_s") > 0)
+            .then(pl.lit(FAST_FIRST))
+            .otherwise(pl.lit(WINDOWED_FIRST))
+            .alias("first_by")
+        )
+    )
+
+
+def first_by_sentence(alert: dict[str, Any]) -> str:
+    """Which path raised ``alert`` (a ``with_first_path`` row) first, and by how long."""
+    messages = int(alert.get("fast_messages") or 0)
+    if not messages:
+        return "Raised by the windowed path (no fast-path message)"
+    count = f"{messages} fast message{'' if messages == 1 else 's'}"
+    lead = alert.get("fast_lead_s")
+    if lead is None:
+        return f"Which path raised it first is not recorded ({count})"
+    if lead > 0:
+        return f"Raised first by the fast path, {lead:.1f} s before the windowed path ({count})"
+    return f"Raised first by the windowed path, {abs(lead):.1f} s before the fast path ({count})"
 
 
 def time_bucket(since: datetime | None, until: datetime | None) -> str:

@@ -109,6 +109,16 @@ def alerts(
     return frame
 
 
+def fast_path(
+    settings: DashboardSettings,
+    span: data.TimeRange = data.ALL_TIME,
+    alert_ids: Sequence[str] | None = None,
+) -> pl.DataFrame:
+    """``data.read_fast_path`` over ``span``: per alert, the fast path's first message and count."""
+    frame: pl.DataFrame = _run(settings, "read_fast_path", span=span, alert_ids=alert_ids)
+    return frame
+
+
 def feedback(settings: DashboardSettings) -> pl.DataFrame:
     """``data.read_feedback``: the latest verdict per alert."""
     frame: pl.DataFrame = _run(settings, "read_feedback", generation=_feedback_generation[0])

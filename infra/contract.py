@@ -100,6 +100,8 @@ ALERT_TYPES = (
     "tampering", "spike", "dip", "stuck_sensor", "drift", "impossible_travel", "cloned_device",
     "replay", "flood", "rogue_device", "firmware_mismatch", "firmware_tamper", "model_anomaly",
 )  # fmt: skip
+# Alert types one event decides: the fast path (pipeline.fastpath) raises them per event too.
+PER_EVENT_ALERT_TYPES = ("rogue_device", "firmware_mismatch")
 # A model's score in [0, 1] raises model_anomaly at or above this, unless the registered model
 # carries its own "threshold" in its metadata.
 MODEL_ALERT_THRESHOLD = 0.5

@@ -77,7 +77,8 @@ def fast_alerts(events: DataFrame, devices: DataFrame, *, window_s: int, slide_s
     columns, then ``path`` and EVENT_FIELDS. Stateless: safe in Real-time Mode.
     """
     rogue = ~F.col("registered")
-    # A rogue device has no expected firmware: one event raises one of the two, never both.
+    # c.PER_EVENT_ALERT_TYPES. A rogue device has no expected firmware: one event raises one of
+    # the two, never both.
     alert_type = F.when(rogue, F.lit("rogue_device")).otherwise(F.lit("firmware_mismatch"))
     reason = F.when(rogue, F.lit(ROGUE_REASON)).otherwise(
         F.format_string(FIRMWARE_REASON, F.col("firmware"), F.col("expected_firmware"))

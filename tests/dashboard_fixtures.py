@@ -1,7 +1,8 @@
 """Fixture lakes for the dashboard tests, written with ``deltalake`` as the pipeline would.
 
 ``build_lake`` writes a small, fully known lake (times relative to ``now``) and returns the
-numbers the pages must show; ``register_champion`` puts a champion model in an MLflow store.
+numbers the pages must show; ``add_fast_alerts`` adds the fast path's table to one;
+``register_champion`` puts a champion model in an MLflow store.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ DEVICES = (
     ),
 )
 ROGUE = "rogue-999"
+# add_fast_alerts: the fast path published the rogue device's alert this long before the windowed
+# path raised it, in FAST_MESSAGES messages.
+FAST_ALERT_ID = "alert-004"
+FAST_LEAD = timedelta(seconds=4.2)
+FAST_MESSAGES = 3
 
 
 @dataclass
@@ -336,6 +342,36 @@ def build_lake(root: str, now: datetime | None = None) -> FixtureLake:
         ingest_rate_latest=3.0 + 11 / 10,
         devices_reporting=len(positions),
     )
+
+
+def add_fast_alerts(fixture: FixtureLake) -> list[dict[str, Any]]:
+    """Write ``fast_alerts`` to ``fixture``'s lake: FAST_MESSAGES messages for FAST_ALERT_ID (the
+    first FAST_LEAD before its ``detected_at``) and one for an alert the windowed path never
+    confirmed (not in ``alerts``). The rows written."""
+    alert = next(a for a in fixture.alerts if a["alert_id"] == FAST_ALERT_ID)
+    first = alert["detected_at"] - FAST_LEAD
+    # The later messages come from later events of the window, also after the windowed alert.
+    published = [first, first + timedelta(seconds=3), alert["detected_at"] + timedelta(seconds=2)]
+    assert len(published) == FAST_MESSAGES
+    unconfirmed = {**alert, "alert_id": "alert-unconfirmed", "device_id": "rogue-998"}
+    rows = [
+        {
+            "alert_id": source["alert_id"],
+            "device_id": source["device_id"],
+            "alert_type": source["alert_type"],
+            "window_start": source["window_start"],
+            "event_id": f"{source['device_id']}-fast-{i}",
+            "event_time": source["window_start"] + timedelta(minutes=i),
+            "kafka_partition": 0,
+            "kafka_offset": 1000 + i,
+            "kafka_timestamp": at - timedelta(milliseconds=20),
+            "published_at": at,
+        }
+        for i, (source, at) in enumerate([(alert, at) for at in published] + [(unconfirmed, first)])
+    ]
+    # Written in a different order than published: the first message is the earliest one.
+    _write(fixture.root, lake.FAST_ALERTS, c.FAST_ALERTS_COLUMNS, rows[::-1])
+    return rows
 
 
 def register_champion(tracking_uri: str, metrics: dict[str, float] | None = None) -> str:

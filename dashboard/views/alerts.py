@@ -1,5 +1,5 @@
-"""Alerts: the filterable list and the alerts over time; one alert's reasons, window features
-and analyst feedback.
+"""Alerts: the filterable list and the alerts over time; one alert's reasons, window features,
+analyst feedback and which path raised it first (the fast path or the windowed one).
 
 A click on an alert's row shows its detail below and puts its id in the page's address
 (``?alert=<alert_id>``); an address with an id opens the page on that alert, whatever the filters.
@@ -25,7 +25,7 @@ RULES = "rules (no model)"
 STATUSES = ("All", "Open", "Reviewed", "Withdrawn")
 LIST_COLUMNS = (
     "window_start", "alert_type", "severity", "device_id", "score", "model_version", "verdict",
-    "reasons", "detected_at", "alert_id",
+    "reasons", "detected_at", "first_by", "alert_id",
 )  # fmt: skip
 VERDICT_LABELS = {"true_positive": "True positive", "false_positive": "False positive"}
 ALERT_PARAM = "alert"
@@ -58,10 +58,12 @@ status = filters[4].selectbox("Status", STATUSES, key="f_status")
 
 
 def filtered() -> pl.DataFrame:
-    """The alerts matching the filters, with their latest verdict."""
+    """The alerts matching the filters, with their latest verdict and the path that raised them
+    first."""
+    span = ui.time_window()
     alerts = reads.alerts(
         settings,
-        ui.time_window(),
+        span,
         alert_types=types or None,
         severities=severities or None,
         device_ids=devices or None,
@@ -69,6 +71,7 @@ def filtered() -> pl.DataFrame:
         withdrawn=status == "Withdrawn",
     )
     alerts = data.with_feedback(alerts, reads.feedback(settings))
+    alerts = data.with_first_path(alerts, reads.fast_path(settings, span))
     if status == "Withdrawn":
         return alerts.filter(pl.col("status") == c.ALERT_WITHDRAWN)
     if status == "Open":
@@ -135,6 +138,7 @@ if row.is_empty():
     row = data.with_feedback(
         reads.alerts(settings, alert_ids=[alert_id], withdrawn=True), reads.feedback(settings)
     )
+    row = data.with_first_path(row, reads.fast_path(settings, alert_ids=[alert_id]))
     if row.is_empty():
         st.warning("There is no alert with the id in the page's address:")
         st.text(alert_id)
@@ -147,6 +151,7 @@ cols[0].metric("Type", str(alert["alert_type"]))
 cols[1].metric("Severity", str(alert["severity"]))
 cols[2].metric("Score", "n/a" if alert["score"] is None else f"{alert['score']:.2f}")
 cols[3].metric("Verdict", VERDICT_LABELS.get(alert["verdict"] or "", "open"))
+st.caption(data.first_by_sentence(alert))
 
 left, right = st.columns(2)
 with left:

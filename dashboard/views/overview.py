@@ -1,4 +1,5 @@
-"""Overview: open alerts, alerts over time by type and severity, throughput and data quality."""
+"""Overview: open alerts, alerts over time by type and severity, throughput, data quality and
+how often the fast path raised a per-event alert first."""
 
 from __future__ import annotations
 
@@ -12,30 +13,41 @@ from infra import lake
 
 log = logging.getLogger(__name__)
 
+ALERT_COLUMNS = (
+    "alert_id", "device_id", "alert_type", "severity", "window_start", "score", "detected_at",
+)  # fmt: skip
+
 settings = ui.get_settings()
 st.title("Overview")
 
 
 def overview() -> None:
     span = ui.time_window()
-    alerts = reads.alerts(
-        settings,
-        span,
-        columns=["alert_id", "device_id", "alert_type", "severity", "window_start", "score"],
-    )
+    alerts = reads.alerts(settings, span, columns=ALERT_COLUMNS)
     open_ = data.open_alerts(alerts, reads.feedback(settings))
+    per_event = data.with_first_path(
+        alerts.filter(pl.col("alert_type").is_in(data.FAST_PATH_TYPES)),
+        reads.fast_path(settings, span),
+    )
+    fast_first = per_event.filter(pl.col("first_by") == data.FAST_FIRST).height
     metrics = reads.pipeline_metrics(settings, span)
     rate = data.ingest_rate(metrics, settings.ingest_query)
     quarantined = reads.quarantined(settings, span)
     late = int(metrics["late_rows_dropped"].sum() or 0)
 
-    cols = st.columns(6)
+    cols = st.columns(7)
     cols[0].metric("Open alerts", open_.height, help="Alerts in the range without a verdict")
     cols[1].metric("Alerts", alerts.height, help="All alerts whose window starts in the range")
     cols[2].metric("Events/s", "n/a" if rate is None else f"{rate:,.1f}", help="Latest batch")
     cols[3].metric("Devices reporting", reads.devices_reporting(settings, span))
     cols[4].metric("Quarantined", quarantined, help="Rejected records in the range")
     cols[5].metric("Late rows dropped", late, help="Beyond the watermark, in the range")
+    cols[6].metric(
+        "Fast path first",
+        f"{fast_first} of {per_event.height}",
+        help=f"Per-event alerts ({', '.join(data.FAST_PATH_TYPES)}) in the range that the fast "
+        "path raised before the windowed path",
+    )
     ui.updated_caption(settings)
 
     if alerts.is_empty():

@@ -25,9 +25,11 @@ from dashboard import auth, data, login
 from infra import contract as c
 from infra import lake
 from tests.dashboard_fixtures import (
+    FAST_ALERT_ID,
     MARKUP_REASON,
     ROGUE,
     FixtureLake,
+    add_fast_alerts,
     build_lake,
     champion_store,
 )
@@ -326,6 +328,67 @@ def test_alerts_over_time_count_the_alerts_the_filters_select(
     assert not at.get("vega_lite_chart") and at.info, "no alerts: an empty state, no chart"
     at.multiselect(key="f_severity").unselect("medium").run()
     assert counts() == {"flood": 1}
+
+
+def first_by(at: AppTest) -> dict[str, str]:
+    """The list's "first by" column, per alert."""
+    table = at.dataframe[0].value
+    return dict(zip(table["alert_id"], table["first_by"], strict=True))
+
+
+def first_by_line(at: AppTest) -> str:
+    """The detail's line saying which path raised the alert first."""
+    lines = [c.value for c in at.caption if c.value.startswith(("Raised ", "Which path"))]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_the_alerts_page_says_which_path_raised_each_alert_first(
+    app_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fixture = build_lake(str(tmp_path / "lake"))
+    add_fast_alerts(fixture)
+    app_env.setenv("IOT_LAKE_ROOT", fixture.root)
+    at = open_page("alerts")
+    # The fast alert the windowed path never confirmed is no alert: not listed.
+    assert first_by(at) == {
+        a["alert_id"]: "fast path" if a["alert_id"] == FAST_ALERT_ID else "windowed"
+        for a in fixture.alerts
+    }
+    click_alert(at, FAST_ALERT_ID)
+    assert not at.exception
+    assert first_by_line(at) == (
+        "Raised first by the fast path, 4.2 s before the windowed path (3 fast messages)"
+    )
+    click_alert(at, "alert-003")
+    assert first_by_line(at) == "Raised by the windowed path (no fast-path message)"
+
+    # Opened by its address while outside the time range, it is read on its own: same line.
+    at.selectbox(key="time_range").select("Last 15 minutes")
+    at.query_params["alert"] = FAST_ALERT_ID
+    at.run()
+    assert FAST_ALERT_ID not in listed_alerts(at)
+    assert any("not in the list above" in c.value for c in at.caption)
+    assert first_by_line(at).startswith("Raised first by the fast path, 4.2 s before")
+
+    at.switch_page("views/overview.py").run()
+    at.selectbox(key="time_range").select("Last hour").run()
+    assert metrics(at)["Fast path first"] == "1 of 1"
+
+
+def test_without_a_fast_alerts_table_every_alert_was_raised_by_the_windowed_path(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
+) -> None:
+    """An older lake, or the fast path off."""
+    assert not data.table_exists(fixture_lake.root, lake.FAST_ALERTS)
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    at = open_page("alerts")
+    assert first_by(at) == {a["alert_id"]: "windowed" for a in fixture_lake.alerts}
+    click_alert(at, FAST_ALERT_ID)
+    assert not at.exception
+    assert first_by_line(at) == "Raised by the windowed path (no fast-path message)"
+    overview = open_page("overview")
+    assert metrics(overview)["Fast path first"] == "0 of 1"
 
 
 def counted_reads(app_env: pytest.MonkeyPatch) -> collections.Counter[str]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from infra import contract as c
 from infra import lake as lake_tables
 from pipeline.publish import FAST, PATH, read_alert_message
 from tests.pipeline_helpers import (
@@ -30,8 +31,6 @@ from tests.pipeline_helpers import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-PER_EVENT = ("rogue_device", "firmware_mismatch")
 
 
 def fast_messages(bootstrap: str, topic: str) -> list[tuple[dict[str, Any], datetime]]:
@@ -136,7 +135,8 @@ def test_per_event_alerts_reach_the_topic_with_the_windowed_ids(
         # The windowed path raises the same alerts, with the same ids, in the table; and its
         # messages stay the table's rows.
         def windowed_ids() -> set[str]:
-            return {a for a, row in table_alerts(lake).items() if row["alert_type"] in PER_EVENT}
+            rows = table_alerts(lake).items()
+            return {a for a, row in rows if row["alert_type"] in c.PER_EVENT_ALERT_TYPES}
 
         wait_for(lambda: windowed_ids() == fast_ids, "the table's per-event alerts differ",
                  proc, log, timeout_s=120)  # fmt: skip

@@ -11,7 +11,16 @@ import pytest
 from dashboard import data
 from infra import contract as c
 from infra import lake
-from tests.dashboard_fixtures import MARKUP_REASON, ROGUE, FixtureLake, build_lake
+from tests.dashboard_fixtures import (
+    FAST_ALERT_ID,
+    FAST_LEAD,
+    FAST_MESSAGES,
+    MARKUP_REASON,
+    ROGUE,
+    FixtureLake,
+    add_fast_alerts,
+    build_lake,
+)
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +133,67 @@ def test_open_alerts_exclude_those_with_a_verdict(fixture_lake: FixtureLake) -> 
         "false_positive"
     ]
     assert joined["verdict"].null_count() == 5
+
+
+def test_fast_path_reads_first_message_and_count_per_alert_in_the_range(tmp_path: Path) -> None:
+    fixture = build_lake(str(tmp_path / "lake"))
+    rows = add_fast_alerts(fixture)
+    alert = next(a for a in fixture.alerts if a["alert_id"] == FAST_ALERT_ID)
+    fast = data.read_fast_path(fixture.root).sort("alert_id")
+    assert fast.rows() == [
+        (FAST_ALERT_ID, alert["detected_at"] - FAST_LEAD, FAST_MESSAGES),
+        ("alert-unconfirmed", rows[-1]["published_at"], 1),
+    ]
+    # Bounded as the alerts are, by window start: this alert's window started 40 minutes ago.
+    since = data.read_fast_path(fixture.root, since=fixture.now - timedelta(minutes=35))
+    assert since.is_empty()
+    until = data.read_fast_path(fixture.root, until=fixture.now - timedelta(minutes=35))
+    assert until.height == 2
+    only = data.read_fast_path(fixture.root, alert_ids=[FAST_ALERT_ID])
+    assert only["alert_id"].to_list() == [FAST_ALERT_ID]
+
+
+def test_fast_path_of_a_lake_without_the_table_is_empty(fixture_lake: FixtureLake) -> None:
+    fast = data.read_fast_path(fixture_lake.root)
+    assert fast.is_empty()
+    assert fast.columns == ["alert_id", "fast_published_at", "fast_messages"]
+    alerts = data.with_first_path(data.read_alerts(fixture_lake.root), fast)
+    assert alerts["alert_id"].to_list() == data.read_alerts(fixture_lake.root)["alert_id"].to_list()
+    assert set(alerts["first_by"]) == {data.WINDOWED_FIRST}
+    assert set(alerts["fast_messages"]) == {0}
+
+
+def test_the_path_that_raised_an_alert_first() -> None:
+    detected = datetime(2026, 11, 26, 8, 10, 5, tzinfo=timezone.utc)
+    alerts = pl.DataFrame(
+        {"alert_id": ["fast", "windowed", "tie", "none"], "detected_at": [detected] * 4}
+    )
+    fast = pl.DataFrame(
+        {
+            "alert_id": ["tie", "windowed", "fast"],
+            "fast_published_at": [
+                detected,
+                detected + timedelta(seconds=1.5),
+                detected - timedelta(seconds=4.2),
+            ],
+            "fast_messages": [1, 2, 3],
+        }
+    )
+    rows = data.with_first_path(alerts, fast).rows_by_key("alert_id", named=True, unique=True)
+    assert {k: r["first_by"] for k, r in rows.items()} == {
+        "fast": "fast path",
+        "windowed": "windowed",
+        "tie": "windowed",
+        "none": "windowed",
+    }
+    assert {k: data.first_by_sentence(r) for k, r in rows.items()} == {
+        "fast": "Raised first by the fast path, 4.2 s before the windowed path (3 fast messages)",
+        "windowed": (
+            "Raised first by the windowed path, 1.5 s before the fast path (2 fast messages)"
+        ),
+        "tie": "Raised first by the windowed path, 0.0 s before the fast path (1 fast message)",
+        "none": "Raised by the windowed path (no fast-path message)",
+    }
 
 
 def test_feedback_is_appended_and_latest_verdict_wins(tmp_path: Path) -> None:

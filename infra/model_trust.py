@@ -15,12 +15,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 DIGEST_TAG = "iotfraud.artifact_digest"
 SHA256, HMAC_SHA256 = "sha256", "hmac-sha256"
+# What loading a model from a local artifact store writes into the store's own folder, so not part
+# of the model: MLflow's note of its name and version (``models:/`` URIs; nothing reads it back),
+# and Python's bytecode cache beside the model's code (``mlflow models serve`` imports it from
+# there). Left out of the digest; caches are deleted from the checked copy, so none runs.
+MLFLOW_NOTE = "registered_model_meta"
+BYTECODE_CACHE = "__pycache__"
 
 
 class UntrustedModelError(Exception):
@@ -28,11 +36,15 @@ class UntrustedModelError(Exception):
 
 
 def folder_digest(folder: Path, key: str | None = None) -> str:
-    """``sha256:<hex>`` (or ``hmac-sha256:<hex>`` with ``key``) over every file below ``folder``:
-    its path relative to the folder and its bytes, in path order."""
+    """``sha256:<hex>`` (or ``hmac-sha256:<hex>`` with ``key``) over every file below ``folder``
+    but ``MLFLOW_NOTE`` and bytecode caches: its path relative to the folder and its bytes, in
+    path order."""
     mac = hmac.new(key.encode(), digestmod="sha256") if key else hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        name = path.relative_to(folder).as_posix().encode()
+        relative = path.relative_to(folder)
+        if relative.as_posix() == MLFLOW_NOTE or BYTECODE_CACHE in relative.parts:
+            continue
+        name = relative.as_posix().encode()
         data = path.read_bytes()
         # Lengths first, so that no two different sets of files feed the same bytes.
         mac.update(f"{len(name)}:{len(data)}:".encode() + name + data)
@@ -98,6 +110,13 @@ def load_trusted(client: Any, name: str, version: str, key: str | None) -> Any:
     recorded = client.get_model_version(name, version).tags.get(DIGEST_TAG)
     with tempfile.TemporaryDirectory(prefix="iotfraud-model-") as tmp:
         local = download_version(client, name, version, Path(tmp))
+        for cache in [p for p in local.rglob(BYTECODE_CACHE) if p.is_dir()]:
+            shutil.rmtree(cache)  # only the checked source may run
         check_digest(local, recorded, key, what)
-        # Loaded from the checked copy: the store may change while we load.
-        return mlflow.pyfunc.load_model(str(local))
+        # Loaded from the checked copy: the store may change while we load. Loading puts the
+        # model's code folder first on sys.path; the copy is deleted on return, so take it off.
+        path = list(sys.path)
+        try:
+            return mlflow.pyfunc.load_model(str(local))
+        finally:
+            sys.path[:] = path

@@ -1,13 +1,17 @@
 """The MLflow pyfunc around ``Detector``: one artifact (the pickled detector), a signature and an
 input example, and the alert threshold in the model's metadata (read by ``pipeline.scoring``).
 
-The class is imported from this package when the model loads: whatever scores it (the pipeline,
-a notebook) runs the same iotfraud install, as the Spark cluster image does.
+The model carries the modules it imports when it loads and scores (``CODE_MODULES``, as MLflow
+``code_paths``), so a process without iotfraud installed serves it: ``mlflow models serve``, a
+notebook elsewhere. A module the loading process has already imported stays as it is (Python
+imports a module once).
 """
 
 from __future__ import annotations
 
+import importlib
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,16 @@ from infra import contract as c
 from models.detector import Detector
 
 ARTIFACT = "detector"
+# What unpickling the model and scoring with it import from this project: this module, the
+# detector and the constants it reads. Pure Python on numpy and pandas, no Spark.
+CODE_MODULES = (
+    "infra.contract",
+    "models.detector",
+    "models.evaluation",
+    "models.pyfunc",
+    "pipeline.columns",
+    "pipeline.profiles",
+)
 
 
 class DetectorModel(mlflow.pyfunc.PythonModel):  # type: ignore[misc,name-defined]
@@ -32,13 +46,28 @@ class DetectorModel(mlflow.pyfunc.PythonModel):  # type: ignore[misc,name-define
             self.detector = pickle.load(handle)
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: Any = None) -> np.ndarray:
-        return self.detector.score(model_input[list(self.detector.input_columns)])
+        # A column left out is a missing feature, as the signature's optional inputs promise.
+        return self.detector.score(model_input.reindex(columns=list(self.detector.input_columns)))
 
 
 def _requirements() -> list[str]:
     from importlib.metadata import version
 
     return [f"{name}=={version(name)}" for name in ("mlflow", "scikit-learn", "pandas", "numpy")]
+
+
+def stage_code(folder: Path) -> list[str]:
+    """Copy ``CODE_MODULES``, with their packages' ``__init__.py``, into ``folder`` as packages;
+    returns the package folders (MLflow's ``code_paths``, which it copies with their layout)."""
+    packages: set[Path] = set()
+    for name in CODE_MODULES:
+        source = Path(str(importlib.import_module(name).__file__))
+        package = folder / name.rpartition(".")[0]
+        package.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, package / source.name)
+        shutil.copyfile(source.parent / "__init__.py", package / "__init__.py")
+        packages.add(package)
+    return [str(path) for path in sorted(packages)]
 
 
 def log_detector(
@@ -65,7 +94,7 @@ def log_detector(
         name="model",
         python_model=DetectorModel(),
         artifacts={ARTIFACT: str(path)},
-        # The class lives in this package: the scoring side runs the same iotfraud install.
+        code_paths=stage_code(folder / "code"),
         pip_requirements=_requirements(),
         signature=signature,
         input_example=example,

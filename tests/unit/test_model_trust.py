@@ -68,3 +68,19 @@ def test_a_changed_file_is_refused(model: Path) -> None:
     (model / "artifacts" / "detector.pkl").write_bytes(b"\x80\x04 anything else")
     with pytest.raises(UntrustedModelError, match="model m version 1 do not match"):
         check_digest(model, recorded, None, "model m version 1")
+
+
+def test_what_loading_from_a_local_store_writes_there_leaves_the_digest_as_it_was(
+    model: Path,
+) -> None:
+    before = folder_digest(model)
+    # MLflow's note of the name and version, and Python's cache of the model's code imported
+    # from the store (`mlflow models serve -m models:/...` on a local store writes both).
+    (model / "registered_model_meta").write_text("model_name: m\nmodel_version: '1'\n")
+    cache = model / "code" / "models" / "__pycache__"
+    cache.mkdir(parents=True)
+    (cache / "pyfunc.cpython-311.pyc").write_bytes(b"compiled")
+    assert folder_digest(model) == before
+    # Anything else is part of the model, compiled code outside a cache included.
+    (model / "code" / "models" / "pyfunc.pyc").write_bytes(b"compiled")
+    assert folder_digest(model) != before

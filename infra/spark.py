@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.jars import spark_connector_jars
+from infra.logs import jvm_output, spark_log_conf
 from infra.settings import SparkSettings, StackSettings
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(partitions),
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": str(settings.ui_enabled).lower(),
+        # `[Stage 12:>   (0 + 2) / 2]` bars on stderr bury a command's own progress line.
+        "spark.ui.showConsoleProgress": "false",
         "spark.sql.streaming.stopGracefullyOnShutdown": "true",
         # Small tables are the norm in the lake: no need to write 50 checkpoint files per commit.
         "spark.databricks.delta.snapshotPartitions": str(partitions),
@@ -79,10 +82,18 @@ def build_spark_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     jars = spark_connector_jars(stack.cache_dir) if settings.resolve_jars else []
 
+    # The driver JVM's log goes where the command's logging goes (infra.logs).
+    conf = {**spark_conf(settings, jars), **spark_log_conf(), **(extra_conf or {})}
     builder = SparkSession.builder.appName(app_name).master(settings.master)
-    for key, value in {**spark_conf(settings, jars), **(extra_conf or {})}.items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with jvm_output() as log_file:
+        try:
+            spark = builder.getOrCreate()
+        except Exception:
+            if log_file is not None:
+                log.error("Spark did not start; its output is in %s", log_file)
+            raise
     spark.sparkContext.setLogLevel("WARN")
     log.info(
         "SparkSession %s on %s (%s shuffle partitions)",

@@ -100,9 +100,12 @@ def drain(lake_root: str, quiet_s: float = 45.0, timeout_s: float = 300.0) -> No
             last, since = line, time.monotonic()
 
 
-def ensure_model(env: dict[str, str], devices: int, hours: float) -> None:
+def ensure_model(
+    env: dict[str, str], devices: int, hours: float, options: list[str] | None = None
+) -> None:
     """Train and register a first model (on accelerated simulated history) when none is the
-    champion, so the pipeline scores with one from its first micro-batch."""
+    champion, so the pipeline scores with one from its first micro-batch. ``options`` go to
+    ``models`` before ``train`` (``-v``)."""
     from models import registry
     from models.cli import tracking_uri
     from models.settings import ModelSettings
@@ -127,7 +130,7 @@ def ensure_model(env: dict[str, str], devices: int, hours: float) -> None:
     )
     run_child(
         "training",
-        [sys.executable, "-m", "models", "train", "--devices", str(devices),
+        [sys.executable, "-m", "models", *(options or []), "train", "--devices", str(devices),
          "--hours", str(hours), "--holdout-hours", str(max(1.0, hours / 2))],
         env,
     )  # fmt: skip
@@ -328,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
-    configure_logging(args.verbose)
+    log_file = configure_logging(args.verbose)
     if args.accelerate != 1.0 and not args.duration:
         parser.error("--accelerate needs --duration (so the simulated clock ends near now)")
 
@@ -338,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     own_broker = not stack.local_broker(stack_settings).is_running()
     try:
         with stop_signals():  # until the children run, any stop signal ends the demo at once
-            return run_demo(args, stack_settings, common)
+            return run_demo(args, stack_settings, common, log_file)
     except Stopped as stopped:
         print(f"demo stopped ({stopped}) before the pipeline started", file=sys.stderr)
         return 1
@@ -348,10 +351,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_demo(
-    args: argparse.Namespace, stack_settings: StackSettings, common: CommonSettings
+    args: argparse.Namespace,
+    stack_settings: StackSettings,
+    common: CommonSettings,
+    log_file: Path | None = None,
 ) -> int:
     status = stack.up(stack_settings, common, die_with_parent=True)
     print("\n".join(status.lines()))
+    if log_file is not None:
+        # The children log there too (same state folder); -v passes on to them.
+        print(f"logs (Spark, MLflow, warnings): {log_file}"
+              f"{'' if args.verbose else '; -v shows them here'}", flush=True)  # fmt: skip
     if not status.healthy:
         print("stack NOT healthy", file=sys.stderr)
         return 1
@@ -360,12 +370,12 @@ def run_demo(
     if not table_rows(common.lake_root, lake.DEVICES, ["device_id"]):
         run_child(
             "registry",
-            [sys.executable, "-m", "simulator", "registry", "create",
+            [sys.executable, "-m", "simulator", *verbose(args), "registry", "create",
              "--devices", str(args.devices)],
             env,
         )  # fmt: skip
     if not args.no_train:
-        ensure_model(env, args.train_devices, args.train_hours)
+        ensure_model(env, args.train_devices, args.train_hours, verbose(args))
 
     # The pipeline checks its topic at start: create it before either side runs.
     ensure_topic({"bootstrap.servers": status.bootstrap_servers}, common.topic, partitions=4)
@@ -386,6 +396,11 @@ def run_demo(
             children.stop()
 
 
+def verbose(args: argparse.Namespace) -> list[str]:
+    """The children's options for the demo's ``-v``."""
+    return ["-v"] if args.verbose else []
+
+
 def supervise(
     args: argparse.Namespace,
     env: dict[str, str],
@@ -398,19 +413,20 @@ def supervise(
     """Run the children until --duration, a stop request or a child's failure; then let the
     pipeline finish what was sent, stop it and print the summary."""
     python = [sys.executable, "-m"]
-    children.start("pipeline", [*python, "pipeline", "run"], env)
+    # The demo's progress line stands for the pipeline's; the pipeline's warnings still show.
+    children.start("pipeline", [*python, "pipeline", *verbose(args), "run", "--no-progress"], env)
     # Real time by default: each device reports every 10-30 s, so event times stay close to
     # now. A new seed per run: a rerun must not resend the event ids of the previous one.
     seed = str(args.seed if args.seed is not None else int(time.time()))
     sim_env = {**env, **scenario_timing(args.duration > 0)}
-    simulate = [*python, "simulator", "simulate", "--accelerate", str(args.accelerate),
-                "--seed", seed, "--no-progress"]  # fmt: skip
+    simulate = [*python, "simulator", *verbose(args), "simulate",
+                "--accelerate", str(args.accelerate), "--seed", seed, "--no-progress"]  # fmt: skip
     if args.duration:
         simulate += ["--duration", str(args.duration)]
     children.start("simulator", simulate, sim_env)
     started = time.monotonic()
     if not args.no_dashboard:
-        children.start("dashboard", [*python, "dashboard"], env)
+        children.start("dashboard", [*python, "dashboard", *verbose(args)], env)
         port = os.environ.get("IOT_DASH_PORT", "8501")
         print(f"dashboard: http://localhost:{port} (Ctrl-C stops the demo)", flush=True)
     while not stop.wait(10):

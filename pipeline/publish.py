@@ -159,8 +159,10 @@ class AlertPublisher:
 
 
 def client_config(settings: CommonSettings) -> dict[str, Any]:
-    """librdkafka options of the pipeline's own clients (alerts topic, webhook relay)."""
-    return {"bootstrap.servers": settings.bootstrap_servers, **librdkafka_options(settings)}
+    """librdkafka options of the pipeline's own clients (alerts topic, webhook relay); their
+    log lines go to Python's logging (the log file), not straight to stderr."""
+    return {"bootstrap.servers": settings.bootstrap_servers, **librdkafka_options(settings),
+            "logger": logging.getLogger("librdkafka")}  # fmt: skip
 
 
 def ensure_output_topic(settings: CommonSettings, topic: str, *, like: str, setting: str) -> None:

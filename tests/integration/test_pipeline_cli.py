@@ -74,13 +74,15 @@ def telemetry_version(path: Path) -> int:
         return -1
 
 
-def metrics_rows(lake: Path) -> int:
+def ingest_metrics_rows(lake: Path) -> int:
+    """The ingest query's rows in ``pipeline_metrics`` (other queries may report first)."""
     from deltalake import DeltaTable
 
     try:
-        return int(DeltaTable(str(lake / "pipeline_metrics")).to_pyarrow_table().num_rows)
+        table = DeltaTable(str(lake / "pipeline_metrics")).to_pyarrow_table(columns=["query_name"])
     except Exception:  # not created yet, or its first commit is being written
         return 0
+    return sum(1 for name in table.column("query_name").to_pylist() if name == "ingest")
 
 
 def test_sigterm_stops_the_pipeline_cleanly(
@@ -104,8 +106,8 @@ def test_sigterm_stops_the_pipeline_cleanly(
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no telemetry written"
             # The status loop flushes metrics and then prints the status line: once
-            # pipeline_metrics has rows, a status line with the batch has been printed.
-            if telemetry_version(telemetry) >= 1 and metrics_rows(tmp_path / "lake") > 0:
+            # pipeline_metrics has ingest rows, a status line with its batch has been printed.
+            if telemetry_version(telemetry) >= 1 and ingest_metrics_rows(tmp_path / "lake") > 0:
                 break
             time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)

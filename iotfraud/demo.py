@@ -243,16 +243,45 @@ def messages_in_topic(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def alerts_topic_line(bootstrap_servers: str, topic: str) -> str:
-    """How many messages the alerts topic holds, for how many alerts, and how to read it."""
+def alerts_topic_line(bootstrap_servers: str, topic: str, lake_root: str) -> str:
+    """How many messages the alerts topic holds, for how many alerts, and how to read it; then
+    the fast path's messages, and how much earlier than the windowed path it raised the alerts
+    both raised."""
     import json
+    from datetime import datetime, timezone
+    from statistics import median
 
     from infra.kafka_client import read_topic
+    from pipeline.publish import FAST, PATH
 
     messages = read_topic({"bootstrap.servers": bootstrap_servers}, topic)
-    alerts = {json.loads(m.value())["alert_id"] for m in messages}
-    return (f"alerts topic {topic}: {len(messages):,} messages for {len(alerts):,} alerts "
-            f"(kcat -C -b {bootstrap_servers} -t {topic})")  # fmt: skip
+    records = [json.loads(m.value()) for m in messages]
+    windowed = {r["alert_id"] for r in records if r.get(PATH) != FAST}
+    fast_first: dict[str, datetime] = {}
+    for message, record in zip(messages, records, strict=True):
+        if record.get(PATH) == FAST:
+            at = datetime.fromtimestamp(message.timestamp()[1] / 1000, timezone.utc)
+            fast_first[record["alert_id"]] = min(at, fast_first.get(record["alert_id"], at))
+    line = (f"alerts topic {topic}: {len(messages):,} messages, {len(windowed):,} alerts from "
+            f"the windowed path (kcat -C -b {bootstrap_servers} -t {topic})")  # fmt: skip
+    if not fast_first:
+        return line
+    fast_messages = sum(1 for r in records if r.get(PATH) == FAST)
+    detected = {r["alert_id"]: r["detected_at"]
+                for r in table_rows(lake_root, "alerts", ["alert_id", "detected_at"])
+                if r["alert_id"] in fast_first and r["detected_at"] is not None}  # fmt: skip
+    leads = [
+        (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
+        - fast_first[alert_id].timestamp()
+        for alert_id, at in detected.items()
+    ]
+    line += (f"\nfast path: {fast_messages:,} messages for {len(fast_first):,} alerts; "
+             f"{len(leads):,} of them in the table")  # fmt: skip
+    if leads:
+        first = sum(1 for lead in leads if lead > 0)
+        line += (f", {first:,} raised first by the fast path, a median "
+                 f"{median(leads):.1f} s before the windowed path")  # fmt: skip
+    return line
 
 
 def summary(
@@ -444,7 +473,7 @@ def supervise(
 
     pipeline = load_settings(PipelineSettings)
     produced = messages_in_topic(bootstrap_servers, common.topic)
-    published = (alerts_topic_line(bootstrap_servers, pipeline.alerts_topic)
+    published = (alerts_topic_line(bootstrap_servers, pipeline.alerts_topic, common.lake_root)
                  if pipeline.alerts_topic else None)  # fmt: skip
     print("\n" + summary(common.lake_root, produced, pipeline.checkpoint_root, published))
     return 0

@@ -92,11 +92,21 @@ def test_bounded_demo_detects_every_injected_scenario(
     withdrawn = re.search(
         r"withdrawn when their window closed \(not counted above\): ([\d,]+)", out
     )
-    published = re.search(r"alerts topic iot\.alerts: ([\d,]+) messages for ([\d,]+) alerts", out)
+    published = re.search(
+        r"alerts topic iot\.alerts: ([\d,]+) messages, ([\d,]+) alerts from the windowed path", out
+    )
     assert withdrawn and published, out[-4000:]
     messages, published_alerts = (int(n.replace(",", "")) for n in published.groups())
     assert published_alerts == alerts + int(withdrawn.group(1).replace(",", ""))
     assert messages >= published_alerts
+    # Rogue devices and firmware changes are injected: the fast path raised per-event alerts,
+    # which the windowed path confirmed in the table.
+    fast = re.search(r"fast path: ([\d,]+) messages for ([\d,]+) alerts; ([\d,]+) of them in", out)
+    assert fast, out[-4000:]
+    fast_alerts, confirmed = (int(n.replace(",", "")) for n in fast.groups()[1:])
+    assert fast_alerts > 0 and 0 < confirmed <= fast_alerts
+    per_event = sum(n for t, n in counts_by_type.items() if t in c.PER_EVENT_ALERT_TYPES)
+    assert confirmed <= per_event + int(withdrawn.group(1).replace(",", ""))
 
     table = summary_table(out)
     injected = {s: row for s, row in table.items() if s in c.FRAUD_SCENARIOS}

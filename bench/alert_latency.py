@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from typing import Any
 
 import pandas as pd
 from bench_broker import bench_broker
-from pipeline_latency import check_running, lake_rows, quantiles, query_metrics
+from pipeline_latency import check_running, lake_rows, quantiles, query_metrics, stop
 
 from infra import contract as c
 from infra.kafka_client import read_topic
@@ -96,11 +95,7 @@ def run(root: Path, bootstrap: str, args: argparse.Namespace) -> int:
             time.sleep(5)
         time.sleep(30)  # detection finishes its last batches
     finally:
-        pipeline.send_signal(signal.SIGTERM)
-        try:
-            pipeline.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(pipeline.pid, signal.SIGKILL)
+        stop(pipeline)
         log.close()
     return sent
 

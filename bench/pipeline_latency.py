@@ -165,6 +165,15 @@ def timeline(
     return out
 
 
+def stop(pipeline: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as an operator stops it; SIGKILL to its group when it has not ended in 2 min."""
+    pipeline.send_signal(signal.SIGTERM)
+    try:
+        pipeline.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(pipeline.pid, signal.SIGKILL)
+
+
 def check_running(
     pipeline: subprocess.Popen[bytes], log: Path, simulator: subprocess.Popen[bytes] | None = None
 ) -> None:
@@ -278,11 +287,7 @@ def run(
         drained_s = time.monotonic() - started
         time.sleep(30)  # the detection query finishes its last batches
     finally:
-        pipeline.send_signal(signal.SIGTERM)
-        try:
-            pipeline.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(pipeline.pid, signal.SIGKILL)
+        stop(pipeline)
         log.close()
         if args.keep_log:
             args.keep_log.write_bytes((root / "pipeline.log").read_bytes())

@@ -26,7 +26,8 @@ the windowed path never raises is one its window did not confirm (fewer events t
 or an event later than the watermark).
 
 At least once: the fast path commits its offsets every ``fast_path_checkpoint_interval``; after a
-crash it publishes again what it read since. The registry is read at each such commit.
+restart it may publish again what it read since the last commit. The registry is read at each
+such commit.
 
 A small micro-batch query (``fast_log_rows``) records each fast message in the ``fast_alerts``
 table, so the dashboard can say which path raised an alert first.

@@ -257,14 +257,19 @@ class Pipeline:
         """The per-event checks, in Real-time Mode, straight to the alerts topic."""
         s = self.settings
         partitions = topic_partitions(s)
-        slots = self.spark.sparkContext.defaultParallelism
+        context = self.spark.sparkContext
+        slots = context.defaultParallelism
         if partitions is not None and slots < partitions + 1:
-            raise ConfigError(
+            short = (
                 f"The fast path holds one task slot per partition of {s.topic!r} ({partitions}) "
                 f"for as long as it runs, and the other queries need at least one more; "
-                f"{self.spark.sparkContext.master} has {slots}. Give Spark more cores "
-                f"(IOT_SPARK_MASTER) or set IOT_PIPELINE_FAST_PATH=false."
+                f"{context.master} has {slots}. Give Spark more cores (IOT_SPARK_MASTER, "
+                f"SPARK_WORKER_CORES) or set IOT_PIPELINE_FAST_PATH=false."
             )
+            # A cluster's executors may still be registering: its count is not final yet.
+            if (context.master or "").startswith("local"):
+                raise ConfigError(short)
+            log.warning("%s (counted at start)", short)
         events = valid_events(
             parse_events(kafka_source(self.spark, s, bounded=False),
                          max_clock_ahead=s.max_clock_ahead)
@@ -291,7 +296,10 @@ class Pipeline:
     def start_fast_log(self) -> StreamingQuery:
         """Record the fast path's messages in ``fast_alerts`` (Delta sink: exactly once)."""
         s = self.settings
-        rows = fast_log_rows(kafka_source(self.spark, s, topic=s.alerts_topic))
+        # From the start of the alerts topic, which the pipeline itself writes: whatever the
+        # telemetry's starting offsets, no fast message published before this query runs is lost.
+        source = kafka_source(self.spark, s, topic=s.alerts_topic, starting_offsets="earliest")
+        rows = fast_log_rows(source)
         query = (
             rows.writeStream.queryName(FAST_LOG)
             .format("delta")

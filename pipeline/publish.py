@@ -97,6 +97,9 @@ class AlertPublisher:
             **conf,
             "enable.idempotence": True,
             "acks": "all",
+            # Java's partitioner, as the fast path's Spark Kafka sink uses: one device's messages
+            # from both paths share a partition, and so their order.
+            "partitioner": "murmur2_random",
             "linger.ms": 5,
             # A broker restart (seconds) is ridden out; an outage longer than this fails the
             # batch, which the reading side would do as well.

@@ -15,15 +15,16 @@ def kafka_source(
     topic: str | None = None,
     *,
     bounded: bool = True,
+    starting_offsets: str | None = None,
 ) -> DataFrame:
     """The telemetry topic (or ``topic``); every ``kafka.*`` option is passed through (SASL_SSL,
     Event Hubs). ``bounded``: at most ``max_offsets_per_trigger`` per micro-batch (Real-time Mode
-    has no micro-batches to bound)."""
+    has no micro-batches to bound). ``starting_offsets``: instead of the setting's."""
     reader = (
         spark.readStream.format("kafka")
         .options(**kafka_connection_options(settings))
         .option("subscribe", topic or settings.topic)
-        .option("startingOffsets", settings.starting_offsets)
+        .option("startingOffsets", starting_offsets or settings.starting_offsets)
         # A topic recreated or truncated under a checkpoint must not stop the pipeline silently.
         .option("failOnDataLoss", "false")
     )

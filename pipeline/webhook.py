@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How many alert ids the relay remembers to skip fast-path copies (about 8 MB).
+# How many alert ids the relay remembers to skip fast-path copies.
 RECENT_ALERTS = 100_000
 # Retrying these may succeed; any other 4xx means the receiver refuses this message as it is.
 _RETRYABLE_STATUS = {408, 425, 429}
@@ -222,6 +222,9 @@ class WebhookRelay:
         if producer.flush(30) or failed:  # not committed: tried again after a pause
             reason = failed[0] if failed else "no acknowledgement"
             raise RuntimeError(f"dead-letter topic {self.dead_letter_topic!r}: {reason}")
+        # Its fast copies are not tried again: each would take every try while the receiver
+        # is down.
+        self._remember(alert_id)
         return True
 
     def _remember(self, alert_id: str) -> None:

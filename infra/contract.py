@@ -77,6 +77,8 @@ REASON_INVALID_JSON = "invalid_json"
 REASON_MISSING_FIELD = "missing_field"
 REASON_WRONG_TYPE = "wrong_type"
 REASON_BAD_TIMESTAMP = "bad_timestamp"
+# An event_time too far ahead of the time its message was sent: a device clock running ahead.
+REASON_CLOCK_AHEAD = "clock_ahead"
 REASON_OUT_OF_RANGE = "out_of_range"
 REASON_OVERSIZE = "oversize"
 REASON_KEY_MISMATCH = "key_mismatch"
@@ -84,8 +86,8 @@ REASON_KEY_MISMATCH = "key_mismatch"
 REASON_DUPLICATE = "duplicate"
 REASONS = (
     REASON_INVALID_UTF8, REASON_INVALID_JSON, REASON_MISSING_FIELD, REASON_WRONG_TYPE,
-    REASON_BAD_TIMESTAMP, REASON_OUT_OF_RANGE, REASON_OVERSIZE, REASON_KEY_MISMATCH,
-    REASON_DUPLICATE,
+    REASON_BAD_TIMESTAMP, REASON_CLOCK_AHEAD, REASON_OUT_OF_RANGE, REASON_OVERSIZE,
+    REASON_KEY_MISMATCH, REASON_DUPLICATE,
 )  # fmt: skip
 
 # --- Scenarios the simulator injects, and the alert types that detect them -----------------------
@@ -99,9 +101,18 @@ FRAUD_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("clock_skew", "malform
 ALERT_TYPES = (
     "tampering", "spike", "dip", "stuck_sensor", "drift", "impossible_travel", "cloned_device",
     "replay", "flood", "rogue_device", "firmware_mismatch", "firmware_tamper", "model_anomaly",
+    "impossible_reading", "clock_ahead",
 )  # fmt: skip
 # Alert types one event decides: the fast path (pipeline.fastpath) raises them per event too.
-PER_EVENT_ALERT_TYPES = ("rogue_device", "firmware_mismatch")
+# impossible_reading and clock_ahead are raised from quarantined readings (reasons out_of_range
+# and clock_ahead) of registered devices: the reading stays out of the features, the device is
+# flagged.
+PER_EVENT_ALERT_TYPES = ("rogue_device", "firmware_mismatch", "impossible_reading", "clock_ahead")
+# The quarantine reason behind each alert type raised from a quarantined reading.
+QUARANTINE_ALERT_TYPES = {
+    REASON_OUT_OF_RANGE: "impossible_reading",
+    REASON_CLOCK_AHEAD: "clock_ahead",
+}
 # A model's score in [0, 1] raises model_anomaly at or above this, unless the registered model
 # carries its own "threshold" in its metadata.
 MODEL_ALERT_THRESHOLD = 0.5
@@ -118,6 +129,10 @@ SCENARIO_ALERT_TYPES: dict[str, tuple[str, ...]] = {
     "flood": ("flood",),
     "rogue_device": ("rogue_device",),
     "firmware_change": ("firmware_mismatch", "firmware_tamper"),
+    # Robustness scenarios: not scored for recall (most malformed messages raise no alert), but
+    # the alerts they cause are true ones.
+    "malformed": ("impossible_reading",),
+    "clock_skew": ("clock_ahead",),
 }
 SEVERITIES = ("low", "medium", "high", "critical")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from infra import contract as c
+
 # Raw records, whatever the source: the Kafka source's shape.
 KEY = "key"
 VALUE = "value"
@@ -22,3 +24,6 @@ WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 EVENT_COUNT = "event_count"
 DUPLICATE_COUNT = "duplicate_count"
+# Per alert type raised from a quarantined reading (c.QUARANTINE_ALERT_TYPES): the window column
+# counting such readings.
+FLAG_COUNTS = {kind: f"{kind}_count" for kind in c.QUARANTINE_ALERT_TYPES.values()}

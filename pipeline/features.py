@@ -25,24 +25,55 @@ STAT_FUNCS = {"mean": F.avg, "std": F.stddev_samp, "min": F.min, "max": F.max}
 DISTINCT_RSD = 0.1
 SLOPE_ORIGIN_S = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 REGISTRY_COLUMNS = ("device_type", "site_lat", "site_lon", "expected_firmware", "status")
-# Event columns the feature stage reads; ``is_duplicate`` is added by ``feature_events``.
+# Event columns the feature stage reads; ``is_duplicate`` and ``flag`` are added by
+# ``feature_events`` and ``quarantine_feature_events``.
 EVENT_COLUMNS = ("device_id", "event_time", "seq", "firmware", "lat", "lon", *c.METRICS)
 _EVENT_TYPES = dict(c.TELEMETRY_COLUMNS)
+FLAG = "flag"
 
 
 def feature_events(events: DataFrame, *, duplicates: bool) -> DataFrame:
-    """Events in the shape the feature stage reads: EVENT_COLUMNS plus ``is_duplicate``.
+    """Events in the shape the feature stage reads: EVENT_COLUMNS plus ``is_duplicate`` and
+    ``flag`` (null).
 
     A duplicate (a copy of an event_id already seen) keeps only its device and event time: it
     counts in its window's ``duplicate_count`` and nowhere else. Safe on a stream.
     """
     if not duplicates:
-        return events.select(*EVENT_COLUMNS, F.lit(0).alias("is_duplicate"))
+        return events.select(*EVENT_COLUMNS, F.lit(0).alias("is_duplicate"), _no_flag())
+    return _counted_only(events, F.col("event_time"), F.lit(1), _no_flag())
+
+
+def quarantine_feature_events(quarantine: DataFrame) -> DataFrame:
+    """The ``quarantine`` rows that count in windows, in the shape the feature stage reads:
+    duplicates (``is_duplicate`` 1) and readings that flag their device (``flag``, the alert type
+    of their reason: ``infra.contract.QUARANTINE_ALERT_TYPES``). Each keeps only its device and a
+    time, and counts in its window's ``duplicate_count`` or ``FLAG_COUNTS`` column only.
+
+    A clock running ahead counts at the time its message was sent (its Kafka timestamp): its own
+    event time is the very thing that is wrong. Safe on a stream.
+    """
+    reason = F.col("reason")
+    flags = F.create_map(*(F.lit(x) for pair in c.QUARANTINE_ALERT_TYPES.items() for x in pair))
+    rows = quarantine.where((reason == c.REASON_DUPLICATE) | reason.isin(*c.QUARANTINE_ALERT_TYPES))
+    at = F.when(reason == c.REASON_CLOCK_AHEAD, F.col("kafka_timestamp")).otherwise(
+        F.col("event_time")
+    )
+    is_duplicate = (reason == c.REASON_DUPLICATE).cast("int")
+    return _counted_only(rows, at, is_duplicate, F.element_at(flags, reason))
+
+
+def _no_flag() -> Column:
+    return F.lit(None).cast("string").alias(FLAG)
+
+
+def _counted_only(events: DataFrame, at: Column, is_duplicate: Column, flag: Column) -> DataFrame:
     return events.select(
         "device_id",
-        "event_time",
+        at.alias("event_time"),
         *(F.lit(None).cast(_EVENT_TYPES[name]).alias(name) for name in EVENT_COLUMNS[2:]),
-        F.lit(1).alias("is_duplicate"),
+        is_duplicate.alias("is_duplicate"),
+        flag.alias(FLAG),
     )
 
 
@@ -89,7 +120,8 @@ def with_device(events: DataFrame, devices: DataFrame) -> DataFrame:
 def event_measures(events: DataFrame) -> DataFrame:
     """Per-event values the window aggregates need (distance from site, power ratio, ...).
 
-    Input: ``with_device`` output plus ``is_duplicate`` (0 or 1). Stateless; safe on a stream.
+    Input: ``with_device`` output plus ``is_duplicate`` (0 or 1) and ``flag``. Stateless; safe on
+    a stream.
     """
     return events.select(
         "*",
@@ -112,14 +144,18 @@ def firmware_differs() -> Column:
 
 
 def _window_aggregates() -> list[Column]:
-    valid = F.col("is_duplicate") == 0
+    valid = (F.col("is_duplicate") == 0) & F.col(FLAG).isNull()
 
     def over_valid(value: Column) -> Column:
         return F.when(valid, value)
 
     aggs = [
-        F.sum(1 - F.col("is_duplicate")).cast("long").alias(col.EVENT_COUNT),
+        F.count_if(valid).cast("long").alias(col.EVENT_COUNT),
         F.sum("is_duplicate").cast("long").alias(col.DUPLICATE_COUNT),
+        *(
+            F.count_if(F.col(FLAG) == alert_type).cast("long").alias(name)
+            for alert_type, name in col.FLAG_COUNTS.items()
+        ),
         F.min(over_valid(F.col("event_time"))).alias("first_event_time"),
         F.max(over_valid(F.col("event_time"))).alias("last_event_time"),
         F.min(over_valid(F.col("seq"))).alias("seq_min"),
@@ -171,8 +207,9 @@ def window_features(
     ``distance_km``, ...). Output: one row per (device_id, window_start) with counts and rates,
     mean/std/min/max and trend (``<metric>_slope``, units per minute) per metric, the share of
     distinct readings (``<metric>_distinct_share``, about 1 unless readings repeat), sequence gaps,
-    duplicates, distance from site, implied speed, power ratio and firmware mismatches. Safe on a
-    stream when ``watermark`` is given (late rows beyond it are dropped and counted by Spark).
+    duplicates, quarantined readings that flag the device (``pipeline.columns.FLAG_COUNTS``),
+    distance from site, implied speed, power ratio and firmware mismatches. Safe on a stream when
+    ``watermark`` is given (late rows beyond it are dropped and counted by Spark).
     """
     if watermark:
         events = events.withWatermark("event_time", watermark)
@@ -214,6 +251,8 @@ def features_from_events(
     """
     if "is_duplicate" not in events.columns:
         events = events.withColumn("is_duplicate", F.lit(0))
+    if FLAG not in events.columns:
+        events = events.withColumn(FLAG, F.lit(None).cast("string"))
     return (
         events.transform(lambda df: with_device(df, devices))
         .transform(event_measures)

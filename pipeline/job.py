@@ -35,15 +35,13 @@ from pathlib import Path
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from infra import contract as c
 from infra import lake
 from infra.errors import ConfigError
 from pipeline.detection import FeaturesBatchWriter
 from pipeline.fastpath import fast_alerts, fast_log_rows, fast_messages
-from pipeline.features import feature_events, features_from_events
+from pipeline.features import feature_events, features_from_events, quarantine_feature_events
 from pipeline.firmware import (
     FirmwareIngestWriter,
     TamperBatchWriter,
@@ -64,7 +62,12 @@ from pipeline.scoring import ModelScorer
 from pipeline.settings import PipelineSettings, seconds
 from pipeline.sinks import ensure_tables
 from pipeline.sources import kafka_connection_options, kafka_source, raw_source
-from pipeline.transforms import first_copies, parse_events, valid_events
+from pipeline.transforms import (
+    events_and_flagged,
+    first_copies,
+    parse_events,
+    valid_events,
+)
 from pipeline.webhook import WebhookRelay
 
 log = logging.getLogger(__name__)
@@ -186,19 +189,19 @@ class Pipeline:
         return parse_events(raw_source(self.spark, s), max_clock_ahead=s.max_clock_ahead)
 
     def _feature_input(self) -> DataFrame:
-        """Events from the source, each once, plus the copies the ingest quarantined as
-        duplicates (``is_duplicate`` = 1, a Delta stream).
+        """Events from the source, each once, plus what the ingest quarantined that counts in
+        windows (a Delta stream): the copies of events (``is_duplicate`` = 1) and the readings
+        that flag their device (out of range, clock ahead: ``flag``).
 
         A duplicate counts in the windows of its event time, like every event: replays older
         than the watermark are late here, and stay visible in ``quarantine`` (reason
-        ``duplicate``). Only the source's events carry the watermark: the duplicates, quiet for
-        hours on a clean fleet, must not hold it back.
+        ``duplicate``). Only the source's events carry the watermark: the quarantined rows,
+        quiet for hours on a clean fleet, must not hold it back, and a clock ahead must not
+        move it.
         """
         events = first_copies(valid_events(self._parsed()), self.settings.watermark)
-        duplicates = self._stream(lake.QUARANTINE).where(F.col("reason") == c.REASON_DUPLICATE)
-        return feature_events(events, duplicates=False).unionByName(
-            feature_events(duplicates, duplicates=True)
-        )
+        quarantine = quarantine_feature_events(self._stream(lake.QUARANTINE))
+        return feature_events(events, duplicates=False).unionByName(quarantine)
 
     def start_ingest(self) -> StreamingQuery:
         s = self.settings
@@ -270,7 +273,7 @@ class Pipeline:
             if (context.master or "").startswith("local"):
                 raise ConfigError(short)
             log.warning("%s (counted at start)", short)
-        events = valid_events(
+        events = events_and_flagged(
             parse_events(kafka_source(self.spark, s, bounded=False),
                          max_clock_ahead=s.max_clock_ahead)
         )  # fmt: skip

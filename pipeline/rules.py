@@ -144,10 +144,23 @@ def _stuck(w: pd.DataFrame, t: pd.DataFrame) -> pd.Series:
     return names
 
 
-# The two rules a single event decides; the fast path (pipeline.fastpath) raises them per event
-# with these texts.
+# The rules a single event decides (c.PER_EVENT_ALERT_TYPES); the fast path (pipeline.fastpath)
+# raises them per event with these texts.
 ROGUE_REASON = "device_id is not in the device registry"
 FIRMWARE_REASON = "firmware %s, registry expects %s"
+IMPOSSIBLE_REASON = "a reading outside its physical range (quarantined: out_of_range)"
+CLOCK_AHEAD_REASON = "event_time ahead of the time its message was sent (quarantined: clock_ahead)"
+
+
+def _flagged(alert_type: str) -> Rule:
+    """A registered device whose window holds readings quarantined for the reason behind
+    ``alert_type`` (``pipeline.columns.FLAG_COUNTS``)."""
+    count = col.FLAG_COUNTS[alert_type]
+    text = {"impossible_reading": IMPOSSIBLE_REASON, "clock_ahead": CLOCK_AHEAD_REASON}
+    return Rule(alert_type, "medium",
+                lambda w, t: w["registered"].astype(bool) & (w[count] > 0),
+                lambda w, t: pd.Series(1.0, index=w.index),
+                lambda w, t: pd.Series(text[alert_type], index=w.index))  # fmt: skip
 
 
 def rules() -> list[Rule]:
@@ -183,6 +196,7 @@ def rules() -> list[Rule]:
              lambda w, t: 1.0 - w["power_ratio_mean"],
              lambda w, t: _fmt("power is %.0f%% of voltage x current",
                                w["power_ratio_mean"] * 100)),
+        *(_flagged(alert_type) for alert_type in col.FLAG_COUNTS),
     ]  # fmt: skip
 
 
@@ -202,8 +216,12 @@ def rule_alerts(windows: pd.DataFrame, thresholds: RuleThresholds | None = None)
     for name in (LEARNED_RATE, LEARNED_POWER_RATIO):
         if name not in windows:
             windows[name] = np.nan
+    for name in col.FLAG_COUNTS.values():
+        # Windows written before these counts existed held no such reading.
+        windows[name] = windows[name].fillna(0) if name in windows else 0
     t = (thresholds or RuleThresholds()).per_row(windows["device_type"])
-    counted = windows[col.EVENT_COUNT].fillna(0) + windows[col.DUPLICATE_COUNT].fillna(0)
+    counts = (col.EVENT_COUNT, col.DUPLICATE_COUNT, *col.FLAG_COUNTS.values())
+    counted = sum(windows[name].fillna(0) for name in counts)
     eligible = counted >= t["min_events"]
     w, t = windows[eligible], t[eligible]
     found = []

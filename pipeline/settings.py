@@ -71,7 +71,8 @@ class PipelineSettings(CommonSettings):
     max_clock_ahead: str = Field(
         default="1 minute",
         description="How far an event_time may be ahead of its message's Kafka timestamp; later "
-        "ones are quarantined (bad_timestamp) so a fast device clock cannot move the watermark",
+        "ones are quarantined (clock_ahead, which raises a clock_ahead alert) so a fast device "
+        "clock cannot move the watermark",
     )
     dedup_horizon: str = Field(
         default="10 minutes",
@@ -121,9 +122,9 @@ class PipelineSettings(CommonSettings):
     )
     fast_path: bool = Field(
         default=True,
-        description="Run the per-event checks (rogue_device, firmware_mismatch) in a Real-time "
-        "Mode query that publishes to the alerts topic within milliseconds (README: fast path); "
-        "live runs with an alerts topic only",
+        description="Run the per-event checks (rogue_device, firmware_mismatch, "
+        "impossible_reading, clock_ahead) in a Real-time Mode query that publishes to the alerts "
+        "topic within milliseconds (README: fast path); live runs with an alerts topic only",
     )
     fast_path_checkpoint_interval: str = Field(
         default="5 minutes",

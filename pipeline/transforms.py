@@ -181,8 +181,8 @@ def parse_events(
         .when(F.col("_missing").isNotNull(), F.lit(c.REASON_MISSING_FIELD))
         .when(F.col("_wrong").isNotNull() | F.col("_metrics_not_object") | F.col("_bad_id"),
               F.lit(c.REASON_WRONG_TYPE))
-        .when(F.col("_bad_time") | F.col("_no_zone") | F.col("_ahead"),
-              F.lit(c.REASON_BAD_TIMESTAMP))
+        .when(F.col("_bad_time") | F.col("_no_zone"), F.lit(c.REASON_BAD_TIMESTAMP))
+        .when(F.col("_ahead"), F.lit(c.REASON_CLOCK_AHEAD))
         .when(F.col("_out_of_range").isNotNull(), F.lit(c.REASON_OUT_OF_RANGE))
         .when(F.col(col.KEY).isNotNull() & (F.col(col.KEY) != F.col("device_id")),
               F.lit(c.REASON_KEY_MISMATCH))
@@ -214,6 +214,20 @@ def parse_events(
 
 def valid_events(parsed: DataFrame) -> DataFrame:
     """Rows of ``parse_events`` that passed every check, in the bronze ``telemetry`` shape."""
+    return parsed.where(F.col(col.REASON).isNull()).select(*_bronze_columns())
+
+
+def events_and_flagged(parsed: DataFrame) -> DataFrame:
+    """Rows of ``parse_events`` that passed every check, and those quarantined for a reason
+    that flags their device (``infra.contract.QUARANTINE_ALERT_TYPES``: a reading out of its
+    physical range, a clock ahead), in the bronze shape plus ``reason`` (null when valid). Those
+    reasons come after the checks of presence, type and time: their typed fields are sound."""
+    reason = F.col(col.REASON)
+    flags = list(c.QUARANTINE_ALERT_TYPES)
+    return parsed.where(reason.isNull() | reason.isin(flags)).select(*_bronze_columns(), reason)
+
+
+def _bronze_columns() -> list[Column]:
     bookkeeping = {
         "kafka_topic",
         "kafka_partition",
@@ -222,14 +236,14 @@ def valid_events(parsed: DataFrame) -> DataFrame:
         "ingest_time",
     }
     event_columns = [n for n in c.column_names(c.TELEMETRY_COLUMNS) if n not in bookkeeping]
-    return parsed.where(F.col(col.REASON).isNull()).select(
-        *event_columns,
+    return [
+        *(F.col(name) for name in event_columns),
         F.col(col.TOPIC).alias("kafka_topic"),
         F.col(col.PARTITION).alias("kafka_partition"),
         F.col(col.OFFSET).alias("kafka_offset"),
         F.col(col.TIMESTAMP).alias("kafka_timestamp"),
-        "ingest_time",
-    )
+        F.col("ingest_time"),
+    ]
 
 
 def quarantined(parsed: DataFrame) -> DataFrame:

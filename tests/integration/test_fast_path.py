@@ -106,8 +106,11 @@ def test_per_event_alerts_reach_the_topic_with_the_windowed_ids(
     base = slide_start(datetime.now(timezone.utc)) + timedelta(seconds=1)
     rogue = device_series("rogue", base, 6, every_s=1)
     flashed = device_series("flashed", base, 6, every_s=1, firmware="6.6.6")
-    good = device_series("good", base, 6, every_s=1)
-    offending = {e["event_id"] for e in rogue + flashed}
+    good = device_series("good", base, 9, every_s=1)
+    good[1]["metrics"]["voltage_v"] = -5000.0  # impossible: quarantined, the device flagged
+    for i, e in enumerate(good[6:]):  # a clock 2 hours ahead: counted when sent, 3 together
+        e["event_time"] = (base + timedelta(hours=2, seconds=i)).isoformat().replace("+00:00", "Z")
+    offending = {e["event_id"] for e in rogue + flashed + good[1:2] + good[6:]}
 
     proc = start()
     try:
@@ -126,11 +129,12 @@ def test_per_event_alerts_reach_the_topic_with_the_windowed_ids(
         # One message per event and window holding it (2), nothing for the good device.
         assert len(messages) == 2 * len(offending)
         by_type = {(m["device_id"], m["alert_type"]) for m, _ in messages}
-        assert by_type == {("rogue", "rogue_device"), ("flashed", "firmware_mismatch")}
+        assert by_type == {("rogue", "rogue_device"), ("flashed", "firmware_mismatch"),
+                           ("good", "impossible_reading"), ("good", "clock_ahead")}  # fmt: skip
         for message, stamp in messages:
             assert message["kafka_timestamp"] <= stamp  # published after its event was sent
         fast_ids = {m["alert_id"] for m, _ in messages}
-        assert len(fast_ids) == 4  # 2 devices x 2 windows
+        assert len(fast_ids) == 8  # 4 alert types x 2 windows
 
         # The windowed path raises the same alerts, with the same ids, in the table; and its
         # messages stay the table's rows.

@@ -118,3 +118,26 @@ def test_missed_lists_the_fraud_injections_no_alert_of_their_types_caught() -> N
     assert list(zip(missed_["device_id"], missed_["scenario"], strict=True)) == [
         ("m2", "tampering")
     ]
+
+
+def test_robustness_injections_explain_only_the_alerts_of_their_types() -> None:
+    truth = pd.DataFrame([
+        injection("k1", "clock_skew", 0, 15),
+        injection("k2", "malformed", 0, 15),
+        injection("k3", "malformed", 0, 15),
+    ])  # fmt: skip
+    alerts = pd.DataFrame([
+        # The clock's alert is counted at the wall-clock time of its messages, which an
+        # accelerated run does not map to the injection's simulated time: true all the same.
+        alert("b1", "k1", "clock_ahead", 300, 305),
+        alert("b2", "k2", "impossible_reading", 0, 9),  # true: malformed's out-of-range readings
+        alert("b3", "k3", "spike", 0, 9),  # malformed messages explain no spike: false
+        alert("b4", "c1", "clock_ahead", 0, 9),  # a clock ahead on a clean device: false
+    ])  # fmt: skip
+    rows = by_scenario(evaluate(alerts, truth))
+    assert set(rows) == {"spike", "all"}  # robustness scenarios are not scored: no row
+    assert (rows["spike"]["true_positive_alerts"], rows["spike"]["alerts"]) == (0, 1)
+    total = rows["all"]
+    assert (total["injected"], total["detected"]) == (0, 0)
+    assert (total["true_positive_alerts"], total["alerts"]) == (2, 4)
+    assert missed(alerts, truth).empty

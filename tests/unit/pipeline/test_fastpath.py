@@ -12,10 +12,10 @@ import pytest
 from infra import contract as c
 from pipeline.alerts import alert_id_of
 from pipeline.fastpath import fast_alerts, fast_log_rows, fast_messages, realtime_master
-from pipeline.features import features_from_events
+from pipeline.features import feature_events, features_from_events, quarantine_feature_events
 from pipeline.publish import EVENT_FIELDS, alert_message, read_alert_message
 from pipeline.rules import rule_alerts
-from pipeline.transforms import parse_events, valid_events
+from pipeline.transforms import events_and_flagged, parse_events, quarantined, valid_events
 from tests.pipeline_helpers import device_series
 from tests.unit.pipeline.test_rules import events_df, registry_df
 from tests.unit.pipeline.test_transforms import RAW_DDL
@@ -47,7 +47,7 @@ FLEET = fleet()  # once: event ids are random
 @pytest.fixture(scope="module")
 def fast(spark: Any) -> Any:
     raw = spark.createDataFrame(kafka_rows(FLEET), RAW_DDL)
-    events = valid_events(parse_events(raw))
+    events = events_and_flagged(parse_events(raw))
     return fast_alerts(events, registry_df(spark), window_s=600, slide_s=300).toPandas()
 
 
@@ -81,7 +81,7 @@ def test_ids_severities_and_reasons_are_the_windowed_paths(spark: Any, fast: Any
 
 def test_messages_read_back_as_alerts_and_as_fast_alerts_rows(spark: Any, fast: Any) -> None:
     raw = spark.createDataFrame(kafka_rows(FLEET), RAW_DDL)
-    alerts = fast_alerts(valid_events(parse_events(raw)), registry_df(spark), window_s=600,
+    alerts = fast_alerts(events_and_flagged(parse_events(raw)), registry_df(spark), window_s=600,
                          slide_s=300)  # fmt: skip
     messages = fast_messages(alerts).collect()
     assert {m.key for m in messages} == {"rogue", "firmware"}
@@ -108,13 +108,86 @@ def test_messages_read_back_as_alerts_and_as_fast_alerts_rows(spark: Any, fast: 
     assert (got["published_at"] == pd_time(published)).all()
 
 
-def test_a_quarantined_record_raises_nothing(spark: Any) -> None:
-    bad = device_series("rogue", START, 2)
-    bad[0]["metrics"]["voltage_v"] = -5000.0  # impossible: quarantined
-    bad[1]["event_time"] = (SENT + timedelta(hours=1)).isoformat()  # clock far ahead
-    raw = spark.createDataFrame(kafka_rows(bad), RAW_DDL)
-    assert fast_alerts(valid_events(parse_events(raw)), registry_df(spark), window_s=600,
+def flagged_fleet() -> list[tuple[Any, ...]]:
+    """Kafka rows of a registered device sending every 30 s, each message produced 2 s after
+    its reading: one reading is out of range, one carries a clock an hour ahead."""
+    events = device_series("clean", START, 16, every_s=30)
+    events[3]["metrics"]["voltage_v"] = -5000.0
+    sent = [START + timedelta(seconds=30 * i + 2) for i in range(len(events))]
+    events[7]["event_time"] = (sent[7] + timedelta(hours=1)).isoformat()
+    return [(e["device_id"], json.dumps(e).encode(), "telemetry", 0, 100 + i, sent[i])
+            for i, e in enumerate(events)]  # fmt: skip
+
+
+def test_quarantined_readings_raise_the_windowed_paths_flag_alerts(spark: Any) -> None:
+    """An impossible reading and a clock ahead raise ``impossible_reading`` and ``clock_ahead``
+    on both paths, in the same windows (the clock ahead at its message's time), with the same
+    ids, severities and reasons."""
+    parsed = parse_events(spark.createDataFrame(flagged_fleet(), RAW_DDL))
+    fast = fast_alerts(events_and_flagged(parsed), registry_df(spark), window_s=600,
+                       slide_s=300).toPandas()  # fmt: skip
+    assert fast.groupby("alert_type").size().to_dict() == {
+        "clock_ahead": 2,
+        "impossible_reading": 2,
+    }
+    ahead = fast[fast["alert_type"] == "clock_ahead"]
+    assert (ahead["first_event_time"] == pd_time(START + timedelta(seconds=30 * 7 + 2))).all()
+
+    events = feature_events(valid_events(parsed), duplicates=False).unionByName(
+        quarantine_feature_events(quarantined(parsed))
+    )
+    windows = features_from_events(events, registry_df(spark), window="10 minutes",
+                                   slide="5 minutes").toPandas()  # fmt: skip
+    assert windows["event_count"].sum() == 14 * 2  # the two quarantined readings are not events
+    windowed = rule_alerts(windows)
+    assert set(windowed["alert_type"]) == {"clock_ahead", "impossible_reading"}
+    by_id = fast.set_index("alert_id")
+    assert sorted(windowed["alert_id"]) == sorted(by_id.index)
+    for row in windowed.itertuples():
+        assert by_id.loc[row.alert_id, "severity"] == row.severity
+        assert list(by_id.loc[row.alert_id, "reasons"]) == list(row.reasons)
+
+
+def test_other_quarantined_records_and_a_rogue_devices_raise_nothing_more(spark: Any) -> None:
+    rogue = device_series("rogue", START, 2)
+    rogue[0]["metrics"]["voltage_v"] = -5000.0  # impossible, but the device is rogue anyway
+    rogue[1]["event_time"] = (SENT + timedelta(hours=1)).isoformat()  # clock far ahead
+    clean = device_series("clean", START, 2)
+    clean[0]["event_time"] = "yesterday"  # bad_timestamp: no reading to judge
+    clean[1]["seq"] = "#7"  # wrong_type
+    raw = spark.createDataFrame(kafka_rows(rogue + clean), RAW_DDL)
+    parsed = parse_events(raw)
+    assert fast_alerts(events_and_flagged(parsed), registry_df(spark), window_s=600,
                        slide_s=300).count() == 0  # fmt: skip
+    # The windowed path: the rogue device's readings count towards its rogue_device windows,
+    # and flag nothing more.
+    more = device_series("rogue", START + timedelta(seconds=60), 2)
+    events = feature_events(
+        valid_events(parse_events(spark.createDataFrame(kafka_rows(more), RAW_DDL))),
+        duplicates=False,
+    ).unionByName(quarantine_feature_events(quarantined(parsed)))
+    windows = features_from_events(events, registry_df(spark), window="10 minutes",
+                                   slide="5 minutes").toPandas()  # fmt: skip
+    assert set(rule_alerts(windows)["alert_type"]) == {"rogue_device"}
+
+
+def test_window_starts_are_sparks_at_boundaries_and_before_1970(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    from pipeline.fastpath import window_starts
+
+    times = ["2026-11-22 08:05:00", "2026-11-22 08:04:59.999999", "2026-11-22 08:05:00.000001",
+             "1969-12-31 23:57:30.5", "1960-01-01 00:00:00"]  # fmt: skip
+    frame = spark.createDataFrame([(t,) for t in times], "t string").select(
+        F.to_timestamp("t").alias("t")
+    )
+    ours = frame.select("t", window_starts(F.col("t"), window_s=600, slide_s=300).alias("s"))
+    got = {r.t: sorted(r.s) for r in ours.collect()}
+    spark_windows = frame.select("t", F.window("t", "10 minutes", "5 minutes").start.alias("s"))
+    expected: dict[Any, list[Any]] = {}
+    for r in spark_windows.collect():
+        expected.setdefault(r.t, []).append(r.s)
+    assert got == {t: sorted(s) for t, s in expected.items()}
 
 
 @pytest.mark.parametrize(

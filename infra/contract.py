@@ -223,6 +223,18 @@ ALERTS_COLUMNS: Columns = (
     ("detected_at", "timestamp"),
     ("batch_id", "long"),
 )
+# --- Alert messages: JSON value on the alerts topic, key = device_id ----------------------------
+# A windowed message is an ``alerts`` row plus ``path`` "windowed"; a fast-path message (per-event
+# checks, ``pipeline.fastpath``) is these columns, with ``path`` "fast" and the event that raised
+# it and its telemetry message.
+FAST_MESSAGE_COLUMNS: Columns = (
+    *ALERTS_COLUMNS,
+    ("path", "string"),
+    ("event_id", "string"),
+    ("kafka_partition", "int"),
+    ("kafka_offset", "long"),
+    ("kafka_timestamp", "timestamp"),
+)
 # What the fast path (per-event checks, Real-time Mode) published to the alerts topic: one row per
 # message, so an alert's first row says when the fast path raised it. The windowed path's row of
 # the same alert_id, if any, is in ``alerts``.

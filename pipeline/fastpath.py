@@ -147,7 +147,9 @@ def fast_alerts(events: DataFrame, devices: DataFrame, *, window_s: int, slide_s
         PATH: F.lit(FAST),
         **{name: F.col(name) for name in EVENT_FIELDS},
     }
-    return flagged.select(*(value.alias(name) for name, value in values.items()))
+    return flagged.select(
+        *(values[name].cast(kind).alias(name) for name, kind in c.FAST_MESSAGE_COLUMNS)
+    )
 
 
 def fast_messages(alerts: DataFrame) -> DataFrame:
@@ -162,14 +164,7 @@ def fast_messages(alerts: DataFrame) -> DataFrame:
 def fast_log_rows(messages: DataFrame) -> DataFrame:
     """The alerts topic's fast messages (Kafka source rows) as ``fast_alerts`` table rows; the
     windowed path's messages, and any value that is not a fast message, are skipped."""
-    fields = {name: kind for name, kind in c.FAST_ALERTS_COLUMNS}
-    wanted = {
-        **{name: fields[name] for name in ("alert_id", "device_id", "alert_type", "window_start")},
-        "first_event_time": "timestamp",
-        PATH: "string",
-        **{name: fields[name] for name in EVENT_FIELDS},
-    }
-    schema = ", ".join(f"`{name}` {kind}" for name, kind in wanted.items())
+    schema = ", ".join(f"`{name}` {kind}" for name, kind in c.FAST_MESSAGE_COLUMNS)
     parsed = messages.select(
         F.from_json(F.col("value").cast("string"), schema, {"timestampFormat": ISO_TIME})
         .alias("m"),

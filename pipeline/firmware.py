@@ -36,7 +36,7 @@ from pipeline.alerts import (
     table_rows,
     to_spark,
 )
-from pipeline.features import with_device
+from pipeline.features import firmware_differs, with_device
 from pipeline.sinks import idempotent_append, side_by_side
 
 log = logging.getLogger(__name__)
@@ -142,11 +142,9 @@ def firmware_changes(
     if watermark:
         events = events.withWatermark("event_time", watermark)
     joined = with_device(events, devices)
-    return joined.where(
-        F.col("firmware").isNotNull()
-        & F.col("expected_firmware").isNotNull()
-        & (F.col("firmware") != F.col("expected_firmware"))
-    ).select("device_id", "event_time", "firmware", "expected_firmware")
+    return joined.where(firmware_differs()).select(
+        "device_id", "event_time", "firmware", "expected_firmware"
+    )
 
 
 def unauthorized_changes(

@@ -45,8 +45,10 @@ log = logging.getLogger(__name__)
 
 # Which path raised a message: the windowed queries (the table's rows) or the fast path.
 PATH, WINDOWED, FAST = "path", "windowed", "fast"
-# What a fast-path message adds: the event that raised it and its telemetry message.
-EVENT_FIELDS = ("event_id", "kafka_partition", "kafka_offset", "kafka_timestamp")
+# What a fast-path message adds after ``path``: the event that raised it and its telemetry
+# message (c.FAST_MESSAGE_COLUMNS).
+_FAST_NAMES = c.column_names(c.FAST_MESSAGE_COLUMNS)
+EVENT_FIELDS = tuple(_FAST_NAMES[_FAST_NAMES.index(PATH) + 1 :])
 _TIMESTAMPS = {name for name, kind in c.ALERTS_COLUMNS if kind == "timestamp"} | {"kafka_timestamp"}
 
 

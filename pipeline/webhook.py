@@ -11,8 +11,10 @@ topic. The receiver drops copies by ``alert_id`` (also sent as the ``X-Alert-Id`
 The fast path (``pipeline.fastpath``) publishes a message per offending event: a device that is
 not in the registry gives one every few seconds, all with the same ``alert_id`` for a window.
 The relay POSTs the first and skips a fast message whose alert it has already POSTed (it
-remembers the last RECENT_ALERTS alert ids; a restart forgets them). Windowed messages, the
-table's rows, are always POSTed.
+remembers the last RECENT_ALERTS alert ids). Windowed messages, the table's rows, are always
+POSTed. A restarted fast path publishes again what it read since its last commit, so at start the
+relay reads back the messages before its committed offsets and remembers their alerts: a fast
+copy of an alert relayed before the restart is not POSTed again.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import http.client
 import json
 import logging
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import OrderedDict
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 
 # How many alert ids the relay remembers to skip fast-path copies.
 RECENT_ALERTS = 100_000
+# How long a start may take to read back the alerts relayed before it.
+RECALL_TIMEOUT_S = 60.0
 # Retrying these may succeed; any other 4xx means the receiver refuses this message as it is.
 _RETRYABLE_STATUS = {408, 425, 429}
 _MAX_DELAY_S = 60.0
@@ -149,6 +154,10 @@ class WebhookRelay:
         })  # fmt: skip
         producer = Producer({**self.conf, "enable.idempotence": True, "acks": "all",
                              "message.timeout.ms": 20_000})  # fmt: skip
+        try:
+            self._recall(consumer)
+        except Exception:  # the relay runs on: at worst a fast copy is POSTed again
+            log.exception("webhook relay: could not read back the alerts relayed before")
         consumer.subscribe([self.topic])
         try:
             while not self._stop.is_set():
@@ -160,6 +169,50 @@ class WebhookRelay:
         finally:
             consumer.close()
             producer.flush(10)
+
+    def _recall(self, consumer: Consumer) -> None:
+        """Remember the alerts of the last RECENT_ALERTS messages relayed before this start
+        (those before the group's committed offsets)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        topic = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+        partitions = [TopicPartition(self.topic, p) for p in (topic.partitions if topic else {})]
+        if not partitions:
+            return
+        ends = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=10)
+                if tp.offset > 0}  # fmt: skip
+        if not ends:
+            return
+        reader = Consumer({**self.conf, "group.id": f"{self.group}-recall",
+                           "enable.auto.commit": False})  # fmt: skip
+        try:
+            back = RECENT_ALERTS // len(ends)
+            starts = []
+            for partition, end in ends.items():
+                low, _ = reader.get_watermark_offsets(
+                    TopicPartition(self.topic, partition), timeout=10
+                )
+                starts.append(TopicPartition(self.topic, partition, max(low, end - back)))
+            reader.assign(starts)
+            deadline = time.monotonic() + RECALL_TIMEOUT_S
+            while ends and time.monotonic() < deadline:
+                for message in reader.consume(1000, timeout=1.0):
+                    until = ends.get(message.partition() or 0)
+                    if message.error() is not None or until is None:
+                        continue
+                    offset = message.offset() or 0
+                    if offset < until:
+                        alert_id, _ = _alert_id_and_path(message.value() or b"")
+                        if alert_id:
+                            self._remember(alert_id)
+                    if offset >= until - 1:
+                        del ends[message.partition() or 0]
+            if ends:
+                log.warning("webhook relay: alerts relayed before the start not all read back "
+                            "within %.0f s; a fast copy of one may be POSTed again",
+                            RECALL_TIMEOUT_S)  # fmt: skip
+        finally:
+            reader.close()
 
     def _relay_next(self, consumer: Consumer, producer: Producer) -> None:
         from confluent_kafka import TopicPartition

@@ -138,3 +138,38 @@ def test_a_redirect_is_no_delivery() -> None:
         post(url, b"{}", alert_id="a1", timeout_s=5)
     assert failure.value.retryable is False
     assert [key for _, key, _ in receiver.requests] == ["a1"]  # nothing fetched after it
+
+
+def test_a_restarted_relay_does_not_post_again_a_fast_copy_of_an_alert_it_relayed(
+    bootstrap: str, make_topic: Callable[..., str]
+) -> None:
+    """After a restart the fast path publishes again what it read since its last commit: the
+    pager must not get those alerts a second time."""
+    from confluent_kafka import Producer
+
+    topic, dead, group = make_topic(partitions=2), make_topic(partitions=1), str(uuid.uuid4())
+    windowed = published(bootstrap, topic, devices=3)  # 3 alerts, relayed as windowed messages
+    fast = [json.dumps({**json.loads(v), "path": "fast"}).encode() for v in windowed]
+    producer = Producer({"bootstrap.servers": bootstrap})
+
+    def send(values: list[bytes]) -> None:
+        for value in values:
+            producer.produce(topic, key=json.loads(value)["device_id"], value=value)
+        assert producer.flush(30) == 0
+
+    send(fast[:1])  # the first alert's fast copy, after its windowed message: skipped
+    receiver = Receiver(answers=[])
+    with http_server(receiver) as url:
+        first = relay(bootstrap, topic, url, dead, group)
+        wait_until(lambda: len(receiver.taken()) >= 3, "the windowed messages were not posted")
+        time.sleep(3)
+        first.stop()
+        assert len(receiver.requests) == 3
+        # The replay after a restart: fast copies of alerts 0 and 1 again, and a new alert.
+        new = json.dumps({**json.loads(fast[2]), "alert_id": "new-alert"}).encode()
+        send([fast[0], fast[1], new])
+        again = relay(bootstrap, topic, url, dead, group)
+        wait_until(lambda: len(receiver.requests) >= 4, "the new alert was not posted")
+        time.sleep(3)
+        again.stop()
+    assert [key for _, key, _ in receiver.requests[3:]] == ["new-alert"]

@@ -52,7 +52,8 @@ def fast(spark: Any) -> Any:
 
 
 def test_each_offending_event_raises_its_alert_in_every_window_holding_it(fast: Any) -> None:
-    assert list(fast.columns) == [*c.column_names(c.ALERTS_COLUMNS), "path", *EVENT_FIELDS]
+    assert list(fast.columns) == c.column_names(c.FAST_MESSAGE_COLUMNS)
+    assert c.column_names(c.FAST_MESSAGE_COLUMNS)[-5:] == ["path", *EVENT_FIELDS]
     counts = fast.groupby(["device_id", "alert_type"]).size().to_dict()
     # 16 events, each in 2 sliding windows; nothing for the clean device or a missing firmware.
     assert counts == {("firmware", "firmware_mismatch"): 32, ("rogue", "rogue_device"): 32}
@@ -83,6 +84,12 @@ def test_messages_read_back_as_alerts_and_as_fast_alerts_rows(spark: Any, fast: 
     raw = spark.createDataFrame(kafka_rows(FLEET), RAW_DDL)
     alerts = fast_alerts(events_and_flagged(parse_events(raw)), registry_df(spark), window_s=600,
                          slide_s=300)  # fmt: skip
+    contract = spark.createDataFrame(
+        [], ", ".join(f"`{name}` {kind}" for name, kind in c.FAST_MESSAGE_COLUMNS)
+    )
+    assert [(f.name, f.dataType) for f in alerts.schema] == [
+        (f.name, f.dataType) for f in contract.schema
+    ]
     messages = fast_messages(alerts).collect()
     assert {m.key for m in messages} == {"rogue", "firmware"}
     record = read_alert_message(messages[0].value.encode())

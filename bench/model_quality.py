@@ -34,11 +34,12 @@ from typing import Any
 from infra import contract as c
 from infra.settings import SparkSettings, load_settings
 from infra.spark import build_spark_session
-from models.dataset import History, simulated_history
+from iotfraud.training import simulate
+from models.dataset import Fleet, History, simulated_history
 from models.evaluation import missed
 from models.live_eval import format_table
 from models.settings import ModelSettings
-from models.train import fit_detector, holdout_report, holdout_scores, model_alerts
+from models.train import fit_detector, history_alerts, holdout_report, holdout_scores
 from pipeline.settings import PipelineSettings
 
 
@@ -115,10 +116,10 @@ def simulate_histories(
 
         def history(seed: int, hours: float, folder: str) -> tuple[History, float]:
             start = time.perf_counter()
+            fleet = Fleet(settings.devices, hours, seed, settings.scenario_rate,
+                          settings.start_time)  # fmt: skip
             result = simulated_history(
-                spark, devices=settings.devices, hours=hours, seed=seed,
-                scenario_rate=settings.scenario_rate, start_time=settings.start_time,
-                folder=Path(tmp) / folder, window=window, slide=slide,
+                spark, simulate, fleet, folder=Path(tmp) / folder, window=window, slide=slide,
                 min_overlap_s=settings.min_overlap_s, spec=pipeline.profile_spec(),
             )  # fmt: skip
             return result, time.perf_counter() - start
@@ -151,7 +152,7 @@ def misses(holdout: History, scores: Any) -> Any:
     """Held-out injections that neither rules nor model caught, with their parameters."""
     import pandas as pd
 
-    model = model_alerts(holdout, scores, c.MODEL_ALERT_THRESHOLD)
+    model = history_alerts(holdout, scores, c.MODEL_ALERT_THRESHOLD)
     alerts = pd.concat([holdout.rule_alerts, model])
     columns = ["device_id", "scenario", "start_time", "end_time", "details"]
     return missed(alerts, holdout.truth)[columns]

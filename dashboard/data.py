@@ -13,18 +13,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake import write_deltalake
 
 from infra import contract as c
 from infra import lake
+from infra.lake import delta_uri, open_table
+from infra.mlflow_store import aliased_version, missing_store
 
 log = logging.getLogger(__name__)
 
@@ -79,23 +79,6 @@ ALL_TIME = TimeRange()
 
 
 # --- Generic access ------------------------------------------------------------------------------
-def delta_uri(lake_root: str, table: str) -> str:
-    """Where ``deltalake`` finds ``table``; Hadoop's ``s3a://`` is plain ``s3://`` for delta-rs."""
-    path = lake.table_path(lake_root, table)
-    return "s3://" + path[len("s3a://") :] if path.startswith("s3a://") else path
-
-
-def open_table(lake_root: str, table: str) -> DeltaTable | None:
-    """The latest version of ``table``, or None when it does not exist yet."""
-    uri = delta_uri(lake_root, table)
-    if not lake.is_uri(uri) and not Path(uri).exists():
-        return None
-    try:
-        return DeltaTable(uri)
-    except TableNotFoundError:
-        return None
-
-
 def empty_frame(columns: c.Columns, only: Sequence[str] | None = None) -> pl.DataFrame:
     """A zero-row frame with the contract's types (restricted to ``only`` when given)."""
     wanted = [(n, t) for n, t in columns if only is None or n in only]
@@ -656,16 +639,15 @@ def champion(tracking_uri: str, model_name: str, alias: str = "champion") -> Mod
 
     A local SQLite store that does not exist is not created (reading must not write).
     """
-    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[10:]).exists():
+    if missing_store(tracking_uri) is not None:
         return None
     import mlflow
     from mlflow.exceptions import MlflowException
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-    try:
-        version = client.get_model_version_by_alias(model_name, alias)
-    except MlflowException as exc:
-        log.info("no %s@%s in %s: %s", model_name, alias, tracking_uri, exc)
+    version = aliased_version(client, model_name, alias)
+    if version is None:
+        log.info("no %s@%s in %s", model_name, alias, tracking_uri)
         return None
     metrics: dict[str, float] = {}
     params: dict[str, str] = {}

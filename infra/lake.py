@@ -1,8 +1,13 @@
-"""Table names and where each table lives under the lake root (a local path or any Hadoop URI)."""
+"""Table names, where each table lives under the lake root (a local path or any Hadoop URI), and
+how a process without Spark opens one (``open_table``, with ``deltalake``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 DEVICES = "devices"
 TELEMETRY = "telemetry"
@@ -40,3 +45,24 @@ def ensure_lake(lake_root: str) -> None:
     """Create a local lake folder; object stores need nothing."""
     if not is_uri(lake_root):
         Path(lake_root).mkdir(parents=True, exist_ok=True)
+
+
+def delta_uri(lake_root: str, table: str) -> str:
+    """Where ``deltalake`` finds ``table``; Hadoop's ``s3a://`` is plain ``s3://`` for delta-rs."""
+    path = table_path(lake_root, table)
+    return "s3://" + path[len("s3a://") :] if path.startswith("s3a://") else path
+
+
+def open_table(lake_root: str, table: str) -> DeltaTable | None:
+    """The latest version of ``table`` read with ``deltalake`` (no JVM), or None when it does not
+    exist yet."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    uri = delta_uri(lake_root, table)
+    if not is_uri(uri) and not Path(uri).exists():
+        return None
+    try:
+        return DeltaTable(uri)
+    except TableNotFoundError:
+        return None

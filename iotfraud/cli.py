@@ -1,4 +1,5 @@
-"""``iotfraud <subcommand> ...``: dispatches to each component's own ``cli.main``.
+"""``iotfraud <subcommand> ...``: dispatches to each component's own ``cli.main``, or to the
+module of this package that wires components together (``iotfraud train``: simulator -> models).
 
 Components are imported lazily so that, for example, the dashboard does not pull in Spark.
 """
@@ -29,7 +30,11 @@ COMMANDS: dict[str, tuple[str, list[str], str]] = {
     ),
     "pipeline": ("pipeline.cli", [], "the Spark Structured Streaming job"),
     "maintain": ("pipeline.cli", ["maintain"], "compact and VACUUM the lake's tables"),
-    "train": ("models.cli", ["train"], "train the detector on simulated history; register it"),
+    "train": (
+        "iotfraud.training",
+        ["train"],
+        "train the detector on simulated history; register it",
+    ),
     "models": (
         "models.cli",
         ["models"],

@@ -23,6 +23,7 @@ from infra import contract as c
 from infra import lake, stack
 from infra.kafka_client import ensure_topic
 from infra.logs import configure_logging
+from infra.mlflow_store import tracking_uri
 from infra.model_trust import DIGEST_TAG
 from infra.processes import Children, Stopped, run_child, stop_signals
 from infra.settings import CommonSettings, StackSettings, load_settings
@@ -34,17 +35,10 @@ def table_rows(
     lake_root: str, table: str, columns: list[str] | None = None
 ) -> list[dict[str, Any]]:
     """Rows of a Delta table read with deltalake; empty when the table does not exist yet."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        rows: list[dict[str, Any]] = (
-            DeltaTable(lake.table_path(lake_root, table))
-            .to_pyarrow_table(columns=columns)
-            .to_pylist()
-        )
-    except TableNotFoundError:
+    found = lake.open_table(lake_root, table)
+    if found is None:
         return []
+    rows: list[dict[str, Any]] = found.to_pyarrow_table(columns=columns).to_pylist()
     return rows
 
 
@@ -52,13 +46,11 @@ def row_count(lake_root: str, table: str) -> int:
     """Rows of a Delta table from its log's file statistics (no data read; the tables grow all
     demo long and the progress line is redrawn every few seconds); 0 before the table exists."""
     import pyarrow as pa
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
 
-    try:
-        files = pa.table(DeltaTable(lake.table_path(lake_root, table)).get_add_actions(True))
-    except TableNotFoundError:
+    found = lake.open_table(lake_root, table)
+    if found is None:
         return 0
+    files = pa.table(found.get_add_actions(True))
     counts = files.column("num_records").to_pylist()
     if None in counts:  # a file written without statistics: count its rows
         return len(table_rows(lake_root, table, []))
@@ -105,9 +97,8 @@ def ensure_model(
 ) -> None:
     """Train and register a first model (on accelerated simulated history) when none is the
     champion, so the pipeline scores with one from its first micro-batch. ``options`` go to
-    ``models`` before ``train`` (``-v``)."""
+    ``iotfraud train`` (``-v``)."""
     from models import registry
-    from models.cli import tracking_uri
     from models.settings import ModelSettings
 
     settings = load_settings(ModelSettings)
@@ -130,7 +121,7 @@ def ensure_model(
     )
     run_child(
         "training",
-        [sys.executable, "-m", "models", *(options or []), "train", "--devices", str(devices),
+        [sys.executable, "-m", "iotfraud", "train", *(options or []), "--devices", str(devices),
          "--hours", str(hours), "--holdout-hours", str(max(1.0, hours / 2))],
         env,
     )  # fmt: skip

@@ -1,23 +1,24 @@
-"""``iotfraud train``, ``iotfraud models list | promote VERSION | rollback``, ``iotfraud eval``."""
+"""``iotfraud train``, ``iotfraud models list | promote VERSION | rollback``, ``iotfraud eval``.
+
+Training needs a history source (``models.dataset.HistorySource``): ``iotfraud train``
+(``iotfraud.training``) passes the simulator in.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra.logs import configure_logging
-from infra.settings import StackSettings, load_settings
+from infra.mlflow_store import tracking_uri
+from infra.settings import load_settings
+
+if TYPE_CHECKING:
+    from models.dataset import HistorySource
 
 log = logging.getLogger(__name__)
-
-
-def tracking_uri(uri: str) -> str:
-    """The configured MLflow URI, or the local stack's SQLite store (created if absent)."""
-    from infra.mlflow_store import ensure_local_store
-
-    return uri or ensure_local_store(load_settings(StackSettings).state_dir)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--hours", type=float, help="simulated hours to train on")
     train.add_argument("--holdout-hours", type=float, help="simulated hours held out")
     train.add_argument("--seed", type=int, help="seed of the training fleet")
+    # Also after the subcommand, as `iotfraud train -v` passes it.
+    train.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
     models = sub.add_parser("models", help="list | promote VERSION | rollback | sign VERSION")
     action = models.add_subparsers(dest="action", required=True)
     action.add_parser("list", help="versions with their aliases and held-out scores")
@@ -51,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_train(args: argparse.Namespace) -> int:
+def run_train(args: argparse.Namespace, history_source: HistorySource) -> int:
     from infra.settings import SparkSettings
     from infra.spark import build_spark_session
     from models.live_eval import format_table
@@ -73,6 +76,7 @@ def run_train(args: argparse.Namespace) -> int:
         window=pipeline.window,
         slide=pipeline.slide,
         spec=pipeline.profile_spec(),
+        history_source=history_source,
     )
     print("Held-out fleet, rules and model together:")
     print(format_table(result.report))
@@ -136,11 +140,14 @@ def run_eval() -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, history_source: HistorySource | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
     if args.command == "train":
-        return run_train(args)
+        if history_source is None:
+            print("training needs the simulator's history: run `iotfraud train`", file=sys.stderr)
+            return 2
+        return run_train(args, history_source)
     if args.command == "models":
         return run_models(args)
     return run_eval()

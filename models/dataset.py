@@ -1,19 +1,19 @@
 """Training data: window features from the pipeline's own feature code, labelled from ground truth.
 
-History comes from the simulator in accelerated time (written as JSON lines and read back through
-the pipeline's file-source shape and parser) or from telemetry already in the lake. Either way the
-windows are computed by ``pipeline.features.features_from_events``, the function the stream runs;
-each window is then compared with its device's own normal by ``pipeline.profiles``, and the rule
-alerts come from ``pipeline.rules.rule_alerts``, as the stream does once the watermark closes the
-window. So training rows are exactly the rows the stream scores.
+History comes from a ``HistorySource`` that simulates a fleet in accelerated time (``iotfraud``
+passes the simulator in; its JSON lines are read back through the pipeline's file-source shape
+and parser) or from telemetry already in the lake. Either way the windows are computed by
+``pipeline.features.features_from_events``, the function the stream runs; each window is then
+compared with its device's own normal by ``pipeline.profiles``, and the rule alerts come from
+``pipeline.rules.rule_alerts``, as the stream does once the watermark closes the window. So
+training rows are exactly the rows the stream scores.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -43,6 +43,26 @@ log = logging.getLogger(__name__)
 ALERT_COLUMNS = ["device_id", "alert_type", "window_start", "window_end", "last_event_time"]
 
 
+@dataclass(frozen=True)
+class Fleet:
+    """The simulated history to train on: ``devices`` (``seed``) for ``hours`` from
+    ``start_time``, with every fraud scenario at ``scenario_rate`` injections per hour per 1,000
+    devices; none that changes readings starts in the first ``scenario_warmup_s``."""
+
+    devices: int
+    hours: float
+    seed: int
+    scenario_rate: float
+    start_time: datetime
+    scenario_warmup_s: float = 0.0
+
+
+# Writes a fleet's history into a folder (emptied first): the registry as a Delta lake under
+# ``folder/lake``, the telemetry as JSON lines under ``folder/landing``, with a quiet tail in which
+# every injection ends; returns the lake root and the ground truth (``GROUND_TRUTH_COLUMNS``).
+HistorySource = Callable[[Fleet, Path], tuple[Path, pd.DataFrame]]
+
+
 @dataclass
 class History:
     """Window features (one row per device and window) with their relative features, labels
@@ -62,59 +82,6 @@ class History:
         """Only the windows the stream's model scores (past cold start, filled enough)."""
         return History(self.features[self.features["scorable"]].reset_index(drop=True),
                        self.truth, self.rule_alerts)  # fmt: skip
-
-
-def simulate(
-    *,
-    devices: int,
-    hours: float,
-    seed: int,
-    scenario_rate: float,
-    start_time: datetime,
-    folder: Path,
-    scenario_warmup_s: float = 0.0,
-) -> tuple[Path, pd.DataFrame]:
-    """Generate ``hours`` of a ``devices`` fleet with every fraud scenario into ``folder``, then
-    a quiet tail (``scenario_max_s``) in which the injections still running end. No scenario
-    that changes readings starts in the first ``scenario_warmup_s`` (see ``simulated_history``).
-
-    Writes the registry (a Delta table under ``folder/lake``) and the telemetry (JSON lines
-    under ``folder/landing``); returns the lake root and the ground truth.
-    """
-    from simulator.registry import build_registry, write_registry
-    from simulator.settings import SimulatorSettings
-    from simulator.telemetry import Batch, Simulation, write_jsonl
-
-    if folder.exists():
-        shutil.rmtree(folder)
-    lake_root = folder / "lake"
-    registry = build_registry(devices, seed, now=start_time)
-    write_registry(registry, str(lake_root))
-    settings = SimulatorSettings(
-        devices=devices,
-        seed=seed,
-        scenarios=list(c.FRAUD_SCENARIOS),
-        scenario_rate=scenario_rate,
-        # A flood sends 20-60x a device's normal rate: a few are enough, many swamp the history.
-        scenario_rates={"flood": scenario_rate / 10},
-        write_ground_truth=False,
-        scenario_warmup_s=scenario_warmup_s,
-    )
-    sim = Simulation(settings, registry, start_time=start_time, run_id=f"history-{seed}")
-
-    def batches() -> Iterator[Batch]:
-        yield from sim.batches(sim_seconds=hours * 3600)
-        # A quiet tail with no new injection: those still running end inside the history, so
-        # none is cut short (a replay cut before its first copy cannot be detected at all).
-        sim.settings = settings.model_copy(update={"scenarios": []})
-        yield from sim.batches(sim_seconds=settings.scenario_max_s)
-
-    files = write_jsonl(batches(), folder / "landing")
-    truth = pd.DataFrame([row.as_dict() for row in sim.finish()],
-                         columns=c.column_names(c.GROUND_TRUTH_COLUMNS))  # fmt: skip
-    log.info("simulated %.1f h of %d devices (seed %d): %d files, %d injections",
-             hours, devices, seed, len(files), len(truth))  # fmt: skip
-    return lake_root, truth
 
 
 def simulated_events(spark: SparkSession, landing: Path) -> DataFrame:
@@ -175,33 +142,23 @@ def build_history(
 
 def simulated_history(
     spark: SparkSession,
+    source: HistorySource,
+    fleet: Fleet,
     *,
-    devices: int,
-    hours: float,
-    seed: int,
-    scenario_rate: float,
-    start_time: datetime,
     folder: Path,
     window: str,
     slide: str,
     min_overlap_s: float,
     spec: ProfileSpec,
 ) -> History:
-    """Simulate, then featurise and label (see ``simulate`` and ``build_history``).
+    """Simulate ``fleet`` with ``source`` into ``folder``, then featurise and label (see
+    ``build_history``).
 
     Value scenarios start after the devices' cold start (``spec.cold_start_s``), as in the demo:
     every simulated device is new at the history's start, whereas a pipeline running for months
     meets a device's first minutes once. An anomaly inside the cold start is learned as the
     device's normal (docs/PERFORMANCE.md measures what that costs)."""
-    lake_root, truth = simulate(
-        devices=devices,
-        hours=hours,
-        seed=seed,
-        scenario_rate=scenario_rate,
-        start_time=start_time,
-        folder=folder,
-        scenario_warmup_s=spec.cold_start_s,
-    )
+    lake_root, truth = source(replace(fleet, scenario_warmup_s=spec.cold_start_s), folder)
     events = batch_feature_input(simulated_events(spark, folder / "landing"))
     registry = spark.read.format("delta").load(lake.table_path(str(lake_root), lake.DEVICES))
     return build_history(spark, events, registry, truth, window=window, slide=slide,
@@ -218,7 +175,6 @@ def lake_history(
     spec: ProfileSpec,
 ) -> History:
     """Telemetry, duplicates, registry and ground truth already in the lake (batch reads)."""
-    from deltalake import DeltaTable
 
     def table(name: str) -> DataFrame:
         return spark.read.format("delta").load(lake.table_path(lake_root, name))
@@ -227,6 +183,9 @@ def lake_history(
     events = feature_events(table(lake.TELEMETRY), duplicates=False).unionByName(
         feature_events(duplicates, duplicates=True)
     )
-    truth = DeltaTable(lake.table_path(lake_root, lake.GROUND_TRUTH)).to_pandas()
+    truth_table = lake.open_table(lake_root, lake.GROUND_TRUTH)
+    if truth_table is None:
+        raise FileNotFoundError(f"no {lake.GROUND_TRUTH} table under {lake_root}")
+    truth = truth_table.to_pandas()
     return build_history(spark, events, table(lake.DEVICES), truth, window=window, slide=slide,
                          min_overlap_s=min_overlap_s, spec=spec)  # fmt: skip

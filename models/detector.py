@@ -11,8 +11,9 @@ power ratio; about 0 for a device behaving as it usually does. Fitting needs cle
   bounded feature such as the drop of the distinct share, and a heavy-tailed level alike);
 - a window's *deviation* is its largest scaled feature (missing features are skipped);
 - the threshold is chosen on a validation split of devices so that clean windows alert at most
-  ``max_false_alert_rate`` (with a margin), and ``score = min(1, 0.5 * deviation / threshold)``
-  so the alert threshold stored with the model is always ``MODEL_ALERT_THRESHOLD`` (0.5).
+  ``max_false_alert_rate`` (with a margin), and
+  ``score = min(1, MODEL_ALERT_THRESHOLD * deviation / threshold)``, so the alert threshold
+  stored with the model is always ``MODEL_ALERT_THRESHOLD``.
 
 The inputs carry no device type and no level in a unit: a device unlike any simulated one is
 compared with itself only, and nothing learned from the simulator's scenarios can fire on it.
@@ -47,7 +48,8 @@ _ONE_SIDED = tuple(
 
 @dataclass
 class Detector:
-    """The fitted detector; ``score`` maps ``input_columns`` rows to [0, 1] (alert at >= 0.5)."""
+    """The fitted detector; ``score`` maps ``input_columns`` rows to [0, 1] (an alert at
+    ``MODEL_ALERT_THRESHOLD`` or above)."""
 
     scales: dict[str, float] = field(default_factory=dict)
     threshold: float = float("inf")

@@ -17,24 +17,15 @@ _ALERT_COLUMNS = ["alert_id", "device_id", "alert_type", "window_start", "window
 
 def read_table(lake_root: str, table: str, columns: list[str]) -> pd.DataFrame | None:
     """A Delta table as pandas, or None when it does not exist."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        return DeltaTable(lake.table_path(lake_root, table)).to_pandas(columns=columns)
-    except TableNotFoundError:
-        return None
+    found = lake.open_table(lake_root, table)
+    return None if found is None else found.to_pandas(columns=columns)
 
 
 def standing_alerts(lake_root: str, columns: list[str]) -> pd.DataFrame | None:
     """The ``columns`` of the alerts that stand (what analysts see: not withdrawn when their
     window closed), or None when there is no ``alerts`` table."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        table = DeltaTable(lake.table_path(lake_root, lake.ALERTS))
-    except TableNotFoundError:
+    table = lake.open_table(lake_root, lake.ALERTS)
+    if table is None:
         return None
     # A table the pipeline has not upgraded yet has no status: every alert stands.
     status = ["status"] if "status" in {f.name for f in table.schema().fields} else []

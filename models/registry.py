@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from infra.mlflow_store import aliased_version
+
 log = logging.getLogger(__name__)
 
 CHAMPION = "champion"
@@ -40,12 +42,8 @@ def client(tracking_uri: str) -> Any:
 
 def alias_version(mlflow_client: Any, name: str, alias: str) -> str | None:
     """The version ``alias`` points to, or None (also when the model does not exist)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return str(mlflow_client.get_model_version_by_alias(name, alias).version)
-    except MlflowException:
-        return None
+    found = aliased_version(mlflow_client, name, alias)
+    return None if found is None else str(found.version)
 
 
 def compares_with_own_normal(tracking_uri: str, name: str, version: str) -> bool:

@@ -1,5 +1,6 @@
-"""``iotfraud train``: simulate history, fit the detector, evaluate it on a held-out fleet,
-log everything to MLflow, register the model, and promote it only if it beats the champion.
+"""``iotfraud train``: simulate history (with the ``HistorySource`` passed in), fit the detector,
+evaluate it on a held-out fleet, log everything to MLflow, register the model, and promote it only
+if it beats the champion.
 
 The held-out fleet (its own seed) is the same for every run with the same settings, so the
 candidate and the current champion are compared on identical windows.
@@ -22,7 +23,7 @@ from infra import contract as c
 from infra.mlflow_store import artifact_root_for, ensure_experiment
 from infra.model_trust import UntrustedModelError, load_trusted, sign_version
 from models import registry
-from models.dataset import ALERT_COLUMNS, History, simulated_history
+from models.dataset import ALERT_COLUMNS, Fleet, History, HistorySource, simulated_history
 from models.detector import MODEL_SCENARIOS, Detector, choose_threshold, fit
 from models.evaluation import CLEAN, evaluate, false_alerts_per_10k
 from models.pyfunc import log_detector
@@ -42,8 +43,9 @@ class TrainResult:
     metrics: dict[str, float]
 
 
-def model_alerts(history: History, scores: np.ndarray, threshold: float) -> pd.DataFrame:
-    """``model_anomaly`` alerts of the windows scored at or above ``threshold``."""
+def history_alerts(history: History, scores: np.ndarray, threshold: float) -> pd.DataFrame:
+    """``model_anomaly`` alerts (``ALERT_COLUMNS``) of ``history``'s windows scored at or above
+    ``threshold``."""
     hits = history.features[scores >= threshold]
     columns = ["device_id", "window_start", "window_end", "last_event_time"]
     return hits[columns].assign(alert_type="model_anomaly")[ALERT_COLUMNS]
@@ -74,7 +76,7 @@ def holdout_report(
 ) -> tuple[pd.DataFrame, dict[str, float]]:
     """Rules and model together against the held-out ground truth: the per-scenario table and
     flat metrics (``holdout_<scenario>_<metric>``, false alerts per 10k clean windows)."""
-    alerts = pd.concat([history.rule_alerts, model_alerts(history, scores, threshold)])
+    alerts = pd.concat([history.rule_alerts, history_alerts(history, scores, threshold)])
     report = evaluate(alerts, history.truth)
     metrics: dict[str, float] = {}
     for row in report.to_dict("records"):
@@ -191,15 +193,14 @@ def holdout_scores(detector: Detector, holdout: History) -> np.ndarray:
 
 
 def train(spark: SparkSession, settings: ModelSettings, tracking_uri: str, *, window: str,
-          slide: str, spec: ProfileSpec) -> TrainResult:  # fmt: skip
+          slide: str, spec: ProfileSpec, history_source: HistorySource) -> TrainResult:  # fmt: skip
     import mlflow
 
     def history(seed: int, hours: float, folder: str) -> History:
+        fleet = Fleet(settings.devices, hours, seed, settings.scenario_rate, settings.start_time)
         return simulated_history(
-            spark, devices=settings.devices, hours=hours, seed=seed,
-            scenario_rate=settings.scenario_rate, start_time=settings.start_time,
-            folder=Path(settings.workdir) / folder, window=window, slide=slide,
-            min_overlap_s=settings.min_overlap_s, spec=spec,
+            spark, history_source, fleet, folder=Path(settings.workdir) / folder, window=window,
+            slide=slide, min_overlap_s=settings.min_overlap_s, spec=spec,
         )  # fmt: skip
 
     history_ = history(settings.seed, settings.hours, "train")
@@ -236,7 +237,7 @@ def train(spark: SparkSession, settings: ModelSettings, tracking_uri: str, *, wi
             json.dumps(labels.value_counts().to_dict(), indent=2)
         )
         for path in [folder / "holdout_by_scenario.csv", folder / "label_counts.json",
-                     *_plots(scores, holdout.labels, 0.5, folder)]:  # fmt: skip
+                     *_plots(scores, holdout.labels, c.MODEL_ALERT_THRESHOLD, folder)]:  # fmt: skip
             mlflow.log_artifact(str(path))
         info = log_detector(detector, frame, folder / "model",
                             {"deviation_threshold": detector.threshold})  # fmt: skip

@@ -4,7 +4,7 @@ watermark closed, each against the device's own normal; then only what changed i
 When is a window scored by the model? Once, when the watermark closes it: its final state is
 then exactly what a batch aggregation of the same events gives, which is what the model was
 trained on (``models.dataset``). Windows still filling are seen by the rules only, so rule
-alerts arrive within seconds and model alerts one window plus the watermark after a window
+alerts arrive at the next micro-batch and model alerts one window plus the watermark after a window
 starts.
 
 The driver keeps, per device, the windows still open (their latest state) and the closed

@@ -238,7 +238,7 @@ class TamperBatchWriter:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         windows = tamper_windows(batch, window=self.window).toPandas()
-        if windows.empty:  # most batches: a MERGE of nothing would cost seconds
+        if windows.empty:  # most batches: a MERGE of nothing would still plan, scan and commit
             return
         rows = as_written(tamper_alerts(windows), batch_id, batch_time())
         earliest = pd.Timestamp(rows[col.WINDOW_START].min())

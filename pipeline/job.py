@@ -1,16 +1,16 @@
-"""Wire sources, transforms and sinks into the four streaming queries, and run them.
+"""Wire sources, transforms and sinks into the streaming queries, and run them.
 
 ingest:          source -> parse -> quarantine | dedup -> telemetry     (parse on the stream,
                  foreachBatch: dedup and appends)
-detection:       source -> parse -> valid events, first copies (+ the ingest's duplicates, a Delta
-                 stream of quarantine) -> registry join -> watermark -> sliding windows ->
-                 rules and model -> alerts, features, feature_changes   (foreachBatch, update
-                 mode; appends of what changed)
+detection:       source -> parse -> valid events, first copies (+ the ingest's duplicates and
+                 flagging readings, a Delta stream of quarantine) -> registry join -> watermark
+                 -> sliding windows -> rules and model -> alerts, features, feature_changes
+                 (foreachBatch, update mode; appends of what changed)
 firmware_ingest: firmware update topic -> parse -> quarantine | firmware_updates    (appends)
 firmware:        firmware changes in telemetry LEFT JOIN firmware_updates (stream-stream,
                  watermarked) -> unauthorized -> firmware_tamper alerts (foreachBatch, MERGE)
-fast_path:       source -> parse -> valid events -> registry join -> per-event rules -> alerts
-                 topic   (Real-time Mode, Kafka sink; see ``pipeline.fastpath``)
+fast_path:       source -> parse -> valid and flagging events -> registry join -> per-event
+                 rules -> alerts topic   (Real-time Mode, Kafka sink; see ``pipeline.fastpath``)
 fast_log:        alerts topic -> fast messages -> fast_alerts   (Delta sink, appends)
 
 The firmware queries run with the Kafka source when IOT_FIRMWARE_TOPIC is set; the fast path in
@@ -20,7 +20,8 @@ Ingest and detection read the topic each for itself. Detection so never waits fo
 committed and read back (the path every alert but replay takes is one pass from Kafka); the
 price is a second read and parse of each message (docs/PERFORMANCE.md measures it). Both
 make the same per-record checks (``parse_events``) and call copies the same (see
-``pipeline.transforms.first_copies``); a window counts the ingest's duplicates.
+``pipeline.transforms.first_copies``); a window counts the ingest's duplicates, and the
+readings it quarantined out of range or with a clock ahead.
 """
 
 from __future__ import annotations

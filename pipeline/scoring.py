@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from infra import contract as c
-from infra.mlflow_store import sqlite_store_path
+from infra.mlflow_store import aliased_version, missing_store
 from infra.model_trust import DIGEST_TAG, UntrustedModelError, load_trusted
 from pipeline.alerts import alert_frame, empty_alerts
 from pipeline.profiles import Z_FEATURES
@@ -24,8 +24,6 @@ from pipeline.profiles import Z_FEATURES
 log = logging.getLogger(__name__)
 
 MODEL_ALERT = "model_anomaly"
-# What MLflow answers when the model, or its alias, does not exist (any other error is a failure).
-_NOT_REGISTERED = {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}
 
 
 @dataclass(frozen=True)
@@ -102,10 +100,9 @@ class ModelScorer:
         """The version the alias points to and its recorded digest; None when there is none or
         the registry fails."""
         import mlflow
-        from mlflow.exceptions import MlflowException
 
-        store = sqlite_store_path(self.tracking_uri)
-        if store is not None and not store.exists():
+        store = missing_store(self.tracking_uri)
+        if store is not None:
             self._rules_only("no-store", "no MLflow store at %s: running rules only", store)
             return None
         mlflow.set_tracking_uri(self.tracking_uri)
@@ -115,23 +112,20 @@ class ModelScorer:
                 self._client = mlflow.MlflowClient(
                     self.tracking_uri, registry_uri=self.tracking_uri
                 )
-            champion = self._client.get_model_version_by_alias(self.name, self.alias)
-            return str(champion.version), champion.tags.get(DIGEST_TAG)
-        except MlflowException as error:
-            if error.error_code in _NOT_REGISTERED:
-                self._rules_only("missing", "no model registered as %s@%s: running rules only",
-                                 self.name, self.alias)  # fmt: skip
-                return None
-            failure: Exception = error
+            champion = aliased_version(self._client, self.name, self.alias)
         except Exception as error:  # a store that cannot be read fails in its own library's way
-            failure = error
-        self._client = None  # connect afresh at the next batch
-        self._rules_only(
-            "unreadable",
-            "the model registry %s cannot be read (%s): running rules only until it answers",
-            self.tracking_uri, _first_line(failure),
-        )  # fmt: skip
-        return None
+            self._client = None  # connect afresh at the next batch
+            self._rules_only(
+                "unreadable",
+                "the model registry %s cannot be read (%s): running rules only until it answers",
+                self.tracking_uri, _first_line(error),
+            )  # fmt: skip
+            return None
+        if champion is None:
+            self._rules_only("missing", "no model registered as %s@%s: running rules only",
+                             self.name, self.alias)  # fmt: skip
+            return None
+        return str(champion.version), champion.tags.get(DIGEST_TAG)
 
     def _rules_only(self, why: str, message: str, *args: object) -> None:
         if self._said != why:

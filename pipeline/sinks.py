@@ -58,9 +58,10 @@ def idempotent_append(
 ) -> None:
     """Append ``df`` once: Delta skips a write whose (txnAppId, txnVersion) it has committed.
 
-    An empty ``df`` writes nothing: the commit alone costs about a second, and skipping a version
-    is safe (Delta compares a later write's version with the highest one committed). ``rows``,
-    when the caller knows it, spares the job that would find out whether ``df`` is empty.
+    An empty ``df`` writes nothing: an empty commit would still cost a Delta version and its log
+    write, and skipping a version is safe (Delta compares a later write's version with the
+    highest one committed). ``rows``, when the caller knows it, spares the job that would find
+    out whether ``df`` is empty.
     ``merge_schema`` adds columns ``df`` has that the table lacks (features added by an upgrade).
     """
     if rows == 0 or (rows is None and df.isEmpty()):

@@ -24,7 +24,7 @@ _CORRUPT = "_corrupt_record"
 _STRING_FIELDS = ("event_id", "device_id", "firmware")
 # Every other known field as its JSON text (a string value unquoted, anything else as written), so
 # a wrong type is seen by the casts below rather than hidden by the parser. A struct is parsed
-# about 3x faster than a map, and its fields are read without a key search.
+# faster than a map (docs/PERFORMANCE.md), and its fields are read without a key search.
 _RAW_EVENT = ", ".join(
     f"`{name}`: {'variant' if name in _STRING_FIELDS else 'string'}" for name in _KNOWN_FIELDS
 )
@@ -75,7 +75,7 @@ def parse_events(
     rather than the clock keeps the decision the same when a batch is replayed.
     """
     # Each stage materialises its columns once: referenced many times below, a from_json inside
-    # the reason chain would otherwise be evaluated again for every branch (10x slower). A filter
+    # the reason chain would otherwise be evaluated again for every branch. A filter
     # on the reason pushed below the stages would do the same (the unit tests check the plan).
     text = F.col(col.VALUE).cast("string")
     wrapped = F.concat(F.lit(_WRAPPER[0]), text, F.lit(_WRAPPER[1]))

@@ -138,12 +138,10 @@ def write_registry(
 
 def read_registry(lake_root: str) -> pa.Table | None:
     """The current registry, or None when the table does not exist yet."""
-    from deltalake import DeltaTable
-
-    path = lake.table_path(lake_root, lake.DEVICES)
-    if not DeltaTable.is_deltatable(path):
+    table = lake.open_table(lake_root, lake.DEVICES)
+    if table is None:
         return None
-    return DeltaTable(path).to_pyarrow_table().cast(c.arrow_schema(c.DEVICES_COLUMNS))
+    return table.to_pyarrow_table().cast(c.arrow_schema(c.DEVICES_COLUMNS))
 
 
 def _merge(lake_root: str, rows: pa.Table, *, update: bool) -> None:

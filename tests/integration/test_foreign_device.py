@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from infra import lake as lake_paths
+from iotfraud.training import simulate
 from models.settings import ModelSettings
 from models.train import train
 from pipeline import job
@@ -54,7 +55,7 @@ def test_steady_foreign_device_raises_no_alert_after_warm_up(
     model = ModelSettings(devices=60, hours=1.5, holdout_hours=1.0,
                           workdir=str(tmp_path / "training"))  # fmt: skip
     result = train(spark, model, mlflow_uri, window=settings.window, slide=settings.slide,
-                   spec=settings.profile_spec())  # fmt: skip
+                   spec=settings.profile_spec(), history_source=simulate)  # fmt: skip
     assert result.promoted
 
     start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=MINUTES + 5)

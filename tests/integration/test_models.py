@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from pyspark.sql import SparkSession
 
+from iotfraud.training import simulate
 from models import cli, registry
 from models.dataset import History, scoring_rows, simulated_events
 from models.settings import ModelSettings
@@ -39,7 +40,8 @@ def trained(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Tr
         name=NAME, devices=40, hours=1.5, holdout_hours=1.0, scenario_rate=150,
         seed=3, holdout_seed=4, workdir=str(folder / "work"),
     )  # fmt: skip
-    first = train(spark, settings, uri, window="10 minutes", slide="5 minutes", spec=ProfileSpec())
+    first = train(spark, settings, uri, window="10 minutes", slide="5 minutes", spec=ProfileSpec(),
+                  history_source=simulate)  # fmt: skip
     return Trained(settings, uri, first)
 
 
@@ -101,7 +103,7 @@ def test_a_candidate_that_does_not_beat_the_champion_is_the_challenger_and_cli_m
 ) -> None:
     # Same data and seed: the same score, and a tie keeps the champion.
     second = train(spark, trained.settings, trained.uri, window="10 minutes", slide="5 minutes",
-                   spec=ProfileSpec())  # fmt: skip
+                   spec=ProfileSpec(), history_source=simulate)  # fmt: skip
     v1, v2 = trained.first.version, second.version
     assert not second.promoted and second.champion_score == trained.first.score
     assert aliases(trained.uri) == {"champion": v1, "challenger": v2}

@@ -402,7 +402,7 @@ def test_champion_is_none_without_a_store(tmp_path: Path) -> None:
 
 
 def test_delta_uri_maps_s3a() -> None:
-    assert data.delta_uri("s3a://bucket/lake", "alerts") == "s3://bucket/lake/alerts"
+    assert lake.delta_uri("s3a://bucket/lake", "alerts") == "s3://bucket/lake/alerts"
 
 
 def test_the_watermark_lag_is_each_query_as_it_is_now() -> None:

@@ -236,14 +236,7 @@ def _bronze_columns() -> list[Column]:
         "ingest_time",
     }
     event_columns = [n for n in c.column_names(c.TELEMETRY_COLUMNS) if n not in bookkeeping]
-    return [
-        *(F.col(name) for name in event_columns),
-        F.col(col.TOPIC).alias("kafka_topic"),
-        F.col(col.PARTITION).alias("kafka_partition"),
-        F.col(col.OFFSET).alias("kafka_offset"),
-        F.col(col.TIMESTAMP).alias("kafka_timestamp"),
-        F.col("ingest_time"),
-    ]
+    return [*(F.col(name) for name in event_columns), *_source_columns()]
 
 
 def quarantined(parsed: DataFrame) -> DataFrame:
@@ -260,6 +253,13 @@ def _quarantine_columns() -> list[Column]:
         F.col("device_id"),
         F.col("event_id"),
         F.col("event_time"),
+        *_source_columns(),
+    ]
+
+
+def _source_columns() -> list[Column]:
+    """Where a row came from, as bronze and quarantine name it, and when it was read."""
+    return [
         F.col(col.TOPIC).alias("kafka_topic"),
         F.col(col.PARTITION).alias("kafka_partition"),
         F.col(col.OFFSET).alias("kafka_offset"),

@@ -1,17 +1,19 @@
-"""Columnar events under construction, and their fast JSON encoding.
+"""The wire format: how a reading becomes the JSON value sent to Kafka (one definition).
 
-An ``Events`` holds one numpy array per field; ``encode`` turns it into JSON values with
-numpy: each field becomes a fixed-width block of ASCII bytes and a batch is one byte matrix per
-device type (a sensor the type lacks is the literal ``null``), about 50x faster than ``json.dumps``
-or ``%``-formatting one event at a time.
+Two encoders share it. ``encode`` turns a whole slice of readings (``Events``, one numpy array per
+field) into values at once: each field becomes a fixed-width block of ASCII bytes and a batch is
+one byte matrix per device type (a sensor the type lacks is the literal ``null``), far faster than
+``json.dumps`` or ``%``-formatting one event at a time. ``event_json`` writes one event held as a
+dict (``event_dict``): the messages built one by one, malformed and replayed ones.
 
-Wire format (one definition; ``json.loads`` gives the contract's event)::
+Wire format (``json.loads`` gives the contract's event)::
 
     {"event_id":"<uuid4>","device_id":"dev-000042","event_time":"2026-01-05T10:00:00.000Z",
      "seq":17,"firmware":"sm-4.2.1","lat":40.712800,"lon":-74.006000,
      "metrics":{"temperature_c":24.31,"humidity_pct":null,...}}
 
-``event_time`` is ISO-8601 UTC with millisecond precision and a ``Z`` suffix. Numbers are
+``event_time`` is ISO-8601 UTC with millisecond precision and a ``Z`` suffix; coordinates carry
+``LATLON_DECIMALS`` decimals and metrics ``METRIC_DECIMALS``. In a batch, numbers are
 right-aligned to the widest value of their batch and string fields padded after their closing
 quote, with spaces (insignificant whitespace in JSON), so that a whole batch is one byte matrix.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +33,8 @@ log = logging.getLogger(__name__)
 
 TYPES = tuple(c.DEVICE_TYPES)
 METRIC_INDEX = {m: i for i, m in enumerate(c.METRICS)}
+LATLON_DECIMALS = 6
+METRIC_DECIMALS = 2
 _UUID_HEX_POS = np.array([i for i in range(36) if i not in (8, 13, 18, 23)])
 _SPACE, _ZERO, _MINUS, _DOT = ord(" "), ord("0"), ord("-"), ord(".")
 
@@ -55,34 +60,13 @@ class Events:
     def take(self, index: np.ndarray) -> Events:
         return Events(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
-    @staticmethod
-    def concat(parts: list[Events]) -> Events:
-        return Events(
-            **{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Events)}
-        )
-
-
-def empty_events() -> Events:
-    return Events(
-        dev=np.empty(0, np.int64),
-        t=np.empty(0),
-        t_event=np.empty(0),
-        lat=np.empty(0),
-        lon=np.empty(0),
-        metrics=np.empty((0, len(c.METRICS))),
-        firmware=np.empty(0, np.int64),
-        seq=np.empty(0, np.int64),
-        tag=np.empty(0, np.int8),
-        clone=np.empty(0, np.int64),
-    )
-
 
 def _digits(x: np.ndarray, width: int, spaces: np.ndarray | None = None) -> np.ndarray:
     """Zero-padded decimal digits (ASCII) of non-negative ints as ``(n, width)`` uint8; with
     ``spaces``, that many leading digits of each row are spaces instead.
 
     Built digit-major (one contiguous row per digit) and returned transposed: writing columns
-    of a row-major matrix is several times slower.
+    of a row-major matrix is slower.
     """
     out = np.empty((width, x.shape[0]), dtype=np.uint8)
     for j in range(width - 1, -1, -1):
@@ -100,18 +84,18 @@ def fixed_point(values: np.ndarray, decimals: int) -> np.ndarray:
     """Numbers as right-aligned ASCII text, one row each: ``(n, width)`` uint8.
 
     The width is the widest value of this batch; shorter numbers are left-padded with spaces,
-    which JSON allows between tokens. Vectorised, ~50x faster than ``"%.2f" % v`` per value.
+    which JSON allows between tokens. Vectorised: ``"%.2f" % v`` per value is far slower.
     """
     n = values.shape[0]
     x = np.rint(np.abs(values) * 10**decimals).astype(np.int64)
     negative = (values < 0) & (x > 0)
     top = int(x.max(initial=0))
     if top < 2**31:
-        x = x.astype(np.int32)  # int32 division is about twice as fast
+        x = x.astype(np.int32)  # int32 division is faster
     width_digits = max(len(str(top)), decimals + 1)
     width_int = width_digits - decimals
     # Leading zeros of the integer part become spaces: ``lead`` of them, found by comparing
-    # with powers of ten (a cumulative product over the digit columns was 3x slower).
+    # with powers of ten (a cumulative product over the digit columns is slower).
     lead = np.zeros(n, dtype=np.intp)
     if width_int > 1:
         powers = 10 ** np.arange(decimals + 1, width_digits, dtype=np.int64)
@@ -217,7 +201,7 @@ def uuid4_rows(rng: np.random.Generator, n: int) -> np.ndarray:
     raw = np.frombuffer(rng.bytes(16 * n), dtype=np.uint8).reshape(n, 16).copy()
     raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40
     raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80
-    # bytes.hex() is C-speed; numpy fancy indexing through a hex table is ~3x slower.
+    # bytes.hex() is C-speed; numpy fancy indexing through a hex table is slower.
     hexed = np.frombuffer(raw.tobytes().hex().encode(), dtype=np.uint8).reshape(n, 32)
     out = np.empty((n, 36), dtype=np.uint8)
     out[:, _UUID_HEX_POS] = hexed
@@ -252,7 +236,7 @@ def encode(
     if n == 0:
         return []
     out = np.empty(n, dtype=object)
-    times = iso_times(start_ms + np.round(events.t_event * 1000.0).astype(np.int64))
+    times = event_times(start_ms, events.t_event)
     types = type_code[events.dev]
     for code, device_type in enumerate(TYPES):
         idx = np.flatnonzero(types == code)
@@ -265,15 +249,17 @@ def encode(
             ',"event_time":"', times[idx],
             '","seq":', fixed_point(events.seq[idx], 0),
             ',"firmware":', firmware_table.take(events.firmware[idx]),
-            ',"lat":', fixed_point(events.lat[idx], 6),
-            ',"lon":', fixed_point(events.lon[idx], 6),
+            ',"lat":', fixed_point(events.lat[idx], LATLON_DECIMALS),
+            ',"lon":', fixed_point(events.lon[idx], LATLON_DECIMALS),
             ',"metrics":{',
         ]  # fmt: skip
         for j, metric in enumerate(c.METRICS):
             comma = "," if j else ""
             if metric in sensors:
                 parts.append(f'{comma}"{metric}":')
-                parts.append(fixed_point(events.metrics[idx, METRIC_INDEX[metric]], 2))
+                parts.append(
+                    fixed_point(events.metrics[idx, METRIC_INDEX[metric]], METRIC_DECIMALS)
+                )
             else:
                 parts.append(f'{comma}"{metric}":null')
         parts.append("}}")
@@ -281,3 +267,40 @@ def encode(
         out[idx] = matrix.view(f"S{matrix.shape[1]}").ravel().tolist()
     values: list[bytes] = out.tolist()
     return values
+
+
+def event_times(start_ms: int, t: np.ndarray) -> np.ndarray:
+    """``event_time`` text (``iso_times`` rows) of ``t`` simulated seconds after ``start_ms``."""
+    return iso_times(start_ms + np.round(t * 1000.0).astype(np.int64))
+
+
+def event_dict(
+    *,
+    event_id: str,
+    device_id: str,
+    event_time: str,
+    seq: int,
+    firmware: str,
+    lat: float,
+    lon: float,
+    metrics: dict[str, float | None],
+) -> dict[str, Any]:
+    """One event as a dict in the contract's field order, rounded as ``encode`` rounds it."""
+    return {
+        "event_id": event_id,
+        "device_id": device_id,
+        "event_time": event_time,
+        "seq": seq,
+        "firmware": firmware,
+        "lat": round(lat, LATLON_DECIMALS),
+        "lon": round(lon, LATLON_DECIMALS),
+        "metrics": {
+            m: None if (value := metrics.get(m)) is None else round(value, METRIC_DECIMALS)
+            for m in c.METRICS
+        },
+    }
+
+
+def event_json(event: dict[str, Any]) -> bytes:
+    """One event (a dict, as ``event_dict`` builds it or as read from a file) as compact JSON."""
+    return json.dumps(event, separators=(",", ":")).encode()

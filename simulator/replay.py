@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import contract as c
+from simulator.events import event_json
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ def replay(
             if wait > 0:
                 sleep(wait)
         event = record.event
-        send(event["device_id"].encode(), json.dumps(event, separators=(",", ":")).encode())
+        send(event["device_id"].encode(), event_json(event))
         report.sent += 1
         report.devices.setdefault(event["device_id"], event)
     return report

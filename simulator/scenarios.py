@@ -1,8 +1,8 @@
-"""Fraud and anomaly scenarios: what each one does to the telemetry, and its ground truth.
+"""Fraud and anomaly scenarios, one class per kind, and their ground truth.
 
-Every name in ``infra.contract.SCENARIOS`` is an ``Injection`` kind: one device (a new, unregistered
-one for ``rogue_device``) over a window of simulated time, long enough (12-20 minutes by default)
-to be seen by 10-minute sliding windows. Outside injections, telemetry is clean.
+An injection is one ``Scenario`` object: one kind on one device (a new, unregistered one for
+``rogue_device``) over a window of simulated time, long enough (12-20 minutes by default) to be
+seen by 10-minute sliding windows. Outside injections, telemetry is clean.
 
 - tampering: reported power drops to 15-35 % of voltage x current while current stays.
 - spike / dip: one metric jumps up / falls down for the window (power follows current/voltage).
@@ -21,57 +21,52 @@ to be seen by 10-minute sliding windows. Outside injections, telemetry is clean.
 - malformed: every 10 s the device sends a message that is malformed in one way, labelled with the
   quarantine reason it must get (``infra.contract.REASON_*``).
 
-Ground truth rows (``GROUND_TRUTH_COLUMNS``) are produced when an injection ends.
+A kind is a subclass of ``Scenario`` that overrides only what it does; the defaults do nothing.
+Its class holds, in this order:
+
+- selection: ``fits`` (which device types), ``device`` (a random free registered device, or a new
+  one), ``changes_readings`` (held back during a run's warm-up), ``may_start`` (when);
+- parameters: ``choose`` draws them; they are recorded in the ground truth's details;
+- effect on the telemetry: ``extra_reports`` (more readings: flood, cloned_device), ``number``
+  (seq of its own readings), ``change`` (what it does to the readings of its window, which
+  ``apply`` then tags with the kind), ``messages`` (messages of its own: replay, malformed);
+- ground truth: ``ground_truth_row``, the window clipped to where the run stopped.
+
+``Simulation`` (``simulator.telemetry``) calls these hooks on every running injection, slice by
+slice. To add a kind, name it in ``infra.contract.SCENARIOS``, write its class and add it to
+``KINDS`` at the end of this module.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from infra import contract as c
 from infra import lake
-from simulator.events import METRIC_INDEX, Events
+from simulator.events import METRIC_INDEX, TYPES, Events, event_dict, event_json, event_times
+from simulator.fleet import Fleet, signals
+from simulator.settings import SimulatorSettings
+
+if TYPE_CHECKING:
+    from typing import Self
 
 log = logging.getLogger(__name__)
 
 SCENARIO_CODE = {name: i + 1 for i, name in enumerate(c.SCENARIOS)}
-REPLAY_DELAY_S = (60.0, 180.0)
-FLOOD_INTERVAL_S = 0.5
-MALFORMED_INTERVAL_S = 10.0
-CLONE_DISTANCE_DEG = (6.0, 12.0)  # 400-1,000 km
-TRAVEL_DISTANCE_DEG = (20.0, 36.0)  # 1,500-3,000 km
-
-# (metric, how, low, high): "add" adds, "mul" multiplies, "ramp" adds per simulated minute.
-_MODIFIERS: dict[str, tuple[tuple[str, str, float, float], ...]] = {
-    "spike": (
-        ("temperature_c", "add", 25.0, 40.0),
-        ("current_a", "mul", 3.0, 5.0),
-        ("humidity_pct", "add", 30.0, 40.0),
-    ),
-    "dip": (
-        ("voltage_v", "mul", 0.45, 0.65),
-        ("current_a", "mul", 0.05, 0.15),
-        ("signal_dbm", "add", -35.0, -25.0),
-        ("temperature_c", "add", -30.0, -20.0),
-    ),
-    "drift": (
-        ("temperature_c", "ramp", 0.8, 1.5),
-        ("humidity_pct", "ramp", 1.0, 2.0),
-        ("voltage_v", "ramp", 1.5, 3.0),
-    ),
-}
-# Scenarios that change a device's readings: seen against its own normal, once that is learned.
-VALUE_SCENARIOS = ("tampering", "spike", "dip", "stuck_sensor", "drift")
-# Scenarios that add messages of their own: the device's readings stay genuine and untagged.
-EXTRA_MESSAGES = ("replay", "malformed")
 _POWERED = tuple(t for t, sensors in c.DEVICE_TYPES.items() if "power_w" in sensors)
+_V, _I, _W = METRIC_INDEX["voltage_v"], METRIC_INDEX["current_a"], METRIC_INDEX["power_w"]
+# (device, send time, clone marker) of extra readings, as in ``Events``.
+Reports = tuple[np.ndarray, np.ndarray, np.ndarray]
+# Random draws of a free device before giving up: a busy fleet skips the injection.
+_PICK_TRIES = 50
 
 
 @dataclass
@@ -98,133 +93,511 @@ class GroundTruthRow:
         }
 
 
+class Message(NamedTuple):
+    """A message a scenario sends on its own, beside the device's readings."""
+
+    scenario: Scenario
+    send_s: float  # simulated seconds since the start
+    key: bytes
+    value: bytes
+    label: str | None  # the quarantine reason it must get, None for a valid message
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and when a new injection goes: what its random parameters may depend on."""
+
+    device_type: str
+    settings: SimulatorSettings
+    start: float  # simulated seconds
+
+
 @dataclass
-class Injection:
-    """One scenario on one device over ``[start, end)`` simulated seconds."""
+class Slice:
+    """A slice ``[t0, t1)`` of simulated time with its readings encoded, time-ordered: what
+    ``Scenario.messages`` reads and draws from."""
+
+    t0: float
+    t1: float
+    fleet: Fleet
+    rng: np.random.Generator
+    start_epoch: float  # Unix time of simulated second 0
+    events: Events
+    keys: list[bytes]
+    values: list[bytes]
+
+    @property
+    def start_ms(self) -> int:
+        return round(self.start_epoch * 1000)
+
+
+@dataclass(eq=False)
+class Scenario:
+    """One injection: a scenario kind on one device over ``[start, end)`` simulated seconds."""
+
+    name: ClassVar[str]
+    # Kinds that change a device's readings are seen against its own normal, once that is
+    # learned: none starts in a run's warm-up.
+    changes_readings: ClassVar[bool] = False
 
     scenario_id: str
-    scenario: str
     dev: int
     start: float
     end: float
-    params: dict[str, Any] = field(default_factory=dict)
-    # Replay: (send time, key, value) of the device's messages waiting to be re-sent.
-    recorded: list[tuple[float, bytes, bytes]] = field(default_factory=list)
-    sent: int = 0
+    index: int  # its number in the run (1, 2, ...): marks a clone's readings
+    params: dict[str, Any] = field(default_factory=dict)  # recorded in the ground truth
+    sent: int = 0  # messages it tagged or sent
 
     @property
     def code(self) -> int:
-        return SCENARIO_CODE[self.scenario]
+        """The tag of its messages in ``Batch.tags``."""
+        return SCENARIO_CODE[self.name]
+
+    # --- selection -------------------------------------------------------------------------------
+    @classmethod
+    def fits(cls, device_type: str) -> bool:
+        """Whether this kind makes sense for a device of ``device_type``."""
+        return True
+
+    @classmethod
+    def may_start(cls, start: float, settings: SimulatorSettings) -> bool:
+        """Whether a planned injection may start at ``start`` simulated seconds: after the warm-up
+        for kinds that change readings, and before a bounded run's quiet tail."""
+        s = settings
+        if cls.changes_readings and start < s.scenario_warmup_s:
+            return False
+        span = s.duration * s.accelerate if s.duration and s.accelerate > 0 else None
+        return span is None or s.quiet_tail_s <= 0 or start < span - s.quiet_tail_s
+
+    @classmethod
+    def device(
+        cls, fleet: Fleet, rng: np.random.Generator, busy: set[int], device_id: str | None
+    ) -> int:
+        """The device of a new injection: ``device_id`` when given, else a registered device that
+        reports from the start, is not in ``busy`` (running an injection) and ``fits``, drawn at
+        random."""
+        if device_id is not None:
+            return fleet.index_of(device_id)
+        for _ in range(_PICK_TRIES):
+            dev = int(rng.integers(fleet.n_registered))
+            if dev in busy or fleet.live_from[dev] != -np.inf:
+                continue
+            if cls.fits(fleet.device_type(dev)):
+                return dev
+        raise ValueError(f"no free device fits scenario {cls.name!r}")
+
+    # --- parameters ------------------------------------------------------------------------------
+    @classmethod
+    def choose(cls, rng: np.random.Generator, place: Placement) -> dict[str, Any]:
+        """The random parameters of one injection."""
+        return {}
+
+    def prepare(self, fleet: Fleet) -> None:
+        """Resolve, once injected, what its effect needs from the fleet."""
+
+    # --- effect on the telemetry -----------------------------------------------------------------
+    def overlaps(self, t0: float, t1: float) -> bool:
+        """Whether the injection runs at some time in ``[t0, t1)``."""
+        return self.start < t1 and self.end > t0
 
     def window(self, t: np.ndarray) -> np.ndarray:
+        """Which of the times ``t`` fall in the injection."""
         inside: np.ndarray = (t >= self.start) & (t < self.end)
         return inside
 
+    def ticks(self, t0: float, t1: float, step: float, offset: float = 0.0) -> np.ndarray:
+        """Times ``start + offset + k * step`` (k = 0, 1, ...) in both the injection and
+        ``[t0, t1)``: a steady sender's schedule."""
+        lo, hi = max(t0, self.start), min(t1, self.end)
+        first = np.ceil((lo - self.start - offset) / step)
+        last = np.ceil((hi - self.start - offset) / step)
+        t = self.start + offset + np.arange(first, last) * step
+        kept: np.ndarray = t[(t >= lo) & (t < hi)]
+        return kept
 
-def eligible(scenario: str, device_type: str) -> bool:
-    """Whether ``scenario`` makes sense for a device of ``device_type``."""
-    sensors = c.DEVICE_TYPES[device_type]
-    if scenario == "tampering":
-        return device_type in _POWERED
-    if scenario in _MODIFIERS:
-        return any(m in sensors for m, *_ in _MODIFIERS[scenario])
-    if scenario == "stuck_sensor":
-        return any(m in c.REPEAT_METRICS for m in sensors)
-    return True
+    def extra_reports(self, fleet: Fleet, t0: float, t1: float) -> Reports | None:
+        """(device, send time, clone marker) of the readings it adds in ``[t0, t1)``; the marker
+        is -1 for the device's own readings, else the ``index`` of the injection sending them."""
+        return None
+
+    def number(self, events: Events, device_seq: int) -> None:
+        """Number the readings it sends as another sender (a clone's); the device's own readings
+        are numbered already. ``device_seq`` is the device's last seq before this slice."""
+
+    def apply(self, events: Events, own: np.ndarray, power_factor: np.ndarray) -> None:
+        """Change the readings of the injection (in place) and tag them with its kind.
+
+        ``own`` indexes the readings of its device (clone readings included), so the cost does
+        not grow with the batch; ``power_factor`` is each reading's true power factor, so power
+        can follow a changed current or voltage.
+        """
+        idx = self.readings(events, own)
+        self.change(events, idx, power_factor)
+        events.tag[idx] = self.code
+        self.sent += int(np.count_nonzero(events.tag[own] == self.code))
+
+    def readings(self, events: Events, own: np.ndarray) -> np.ndarray:
+        """The readings it changes and tags: its device's own ones inside the window."""
+        chosen: np.ndarray = own[self.window(events.t[own]) & (events.clone[own] < 0)]
+        return chosen
+
+    def change(self, events: Events, idx: np.ndarray, power_factor: np.ndarray) -> None:
+        """What it does to the readings ``idx``; nothing when the readings themselves are the
+        scenario (flood, rogue_device)."""
+
+    @classmethod
+    def messages(cls, scenarios: list[Self], now: Slice) -> list[Message]:
+        """The messages of its own that the running injections ``scenarios`` of this kind send
+        in the slice; generated together, so a kind draws its random values once a slice."""
+        return []
+
+    # --- ground truth ----------------------------------------------------------------------------
+    def ground_truth_row(
+        self, device_id: str, start_time: datetime, until_s: float, run_id: str
+    ) -> GroundTruthRow:
+        """Its ground-truth row, the window clipped to ``until_s`` simulated seconds (where the run
+        stopped, or its own end)."""
+        details = {**self.params, "messages": self.sent}
+        return GroundTruthRow(
+            scenario_id=self.scenario_id,
+            device_id=device_id,
+            scenario=self.name,
+            start_time=start_time + timedelta(seconds=self.start),
+            end_time=start_time + timedelta(seconds=max(self.start, min(self.end, until_s))),
+            details=json.dumps(details, sort_keys=True),
+            run_id=run_id,
+        )
 
 
-def choose_params(
-    scenario: str, device_type: str, rng: np.random.Generator, malformed_reasons: list[str]
-) -> dict[str, Any]:
-    """Random parameters of one injection (recorded in its ground-truth details)."""
-    sensors = c.DEVICE_TYPES[device_type]
-    if scenario == "tampering":
-        return {"power_factor": round(float(rng.uniform(0.15, 0.35)), 3)}
-    if scenario in _MODIFIERS:
-        options = [m for m in _MODIFIERS[scenario] if m[0] in sensors]
+class _MetricChange(Scenario):
+    """One metric changed over the window: by a step, a factor or a ramp (spike, dip, drift)."""
+
+    changes_readings = True
+    # (metric, how, low, high): "add" adds, "mul" multiplies, "ramp" adds per simulated minute.
+    MODIFIERS: ClassVar[tuple[tuple[str, str, float, float], ...]]
+
+    @classmethod
+    def fits(cls, device_type: str) -> bool:
+        return any(m in c.DEVICE_TYPES[device_type] for m, *_ in cls.MODIFIERS)
+
+    @classmethod
+    def choose(cls, rng: np.random.Generator, place: Placement) -> dict[str, Any]:
+        options = [m for m in cls.MODIFIERS if m[0] in c.DEVICE_TYPES[place.device_type]]
         metric, how, low, high = options[int(rng.integers(len(options)))]
         return {"metric": metric, "how": how, "amount": round(float(rng.uniform(low, high)), 3)}
-    if scenario == "stuck_sensor":
-        options_ = [m for m in sensors if m in c.REPEAT_METRICS]
-        return {"metric": options_[int(rng.integers(len(options_)))]}
-    if scenario == "impossible_travel":
-        return _offset(rng, TRAVEL_DISTANCE_DEG)
-    if scenario == "cloned_device":
-        return _offset(rng, CLONE_DISTANCE_DEG)
-    if scenario == "replay":
-        return {"delay_s": round(float(rng.uniform(*REPLAY_DELAY_S)), 1)}
-    if scenario == "flood":
-        return {"interval_s": FLOOD_INTERVAL_S}
-    if scenario == "firmware_change":
-        return {"firmware": f"{int(rng.integers(5, 10))}.{int(rng.integers(0, 9))}.0-unsigned"}
-    if scenario == "clock_skew":
-        late = bool(rng.random() < 0.5)
-        seconds = rng.uniform(1200, 21600) if late else rng.uniform(1200, 10800)
-        return {"skew_s": round(float(-seconds if late else seconds), 1)}
-    if scenario == "malformed":
-        return {"reasons": list(malformed_reasons)}
-    return {}
 
-
-def _offset(rng: np.random.Generator, bounds: tuple[float, float]) -> dict[str, Any]:
-    """A jump of ``bounds`` degrees both north-south (half of it) and east-west, random signs."""
-    low, high = bounds
-    north = float(rng.uniform(low / 2, high / 2)) * float(rng.choice([-1.0, 1.0]))
-    east = float(rng.uniform(low, high)) * float(rng.choice([-1.0, 1.0]))
-    return {"dlat": round(north, 4), "dlon": round(east, 4)}
-
-
-def apply_values(inj: Injection, events: Events, power_factor: np.ndarray, own: np.ndarray) -> None:
-    """Change the readings of ``events`` that fall in the injection (in place).
-
-    ``own`` indexes the events of the injection's device (clone readings included), so the cost
-    does not grow with the batch; ``power_factor`` is each event's true power factor, so power
-    can follow a changed current or voltage.
-    """
-    s = inj.scenario
-    if s in EXTRA_MESSAGES:
-        return
-    idx = own[inj.window(events.t[own]) & (events.clone[own] < 0)]
-    p = inj.params
-    m = events.metrics
-    if s in ("spike", "dip", "drift"):
+    def change(self, events: Events, idx: np.ndarray, power_factor: np.ndarray) -> None:
+        p = self.params
+        m = events.metrics
         col = METRIC_INDEX[p["metric"]]
         if p["how"] == "add":
             m[idx, col] += p["amount"]
         elif p["how"] == "mul":
             m[idx, col] *= p["amount"]
         else:
-            m[idx, col] += p["amount"] * (events.t[idx] - inj.start) / 60.0
+            m[idx, col] += p["amount"] * (events.t[idx] - self.start) / 60.0
         if p["metric"] in ("current_a", "voltage_v"):
-            _power_follows(events, idx, power_factor)
-    elif s == "tampering":
-        v, i, w = METRIC_INDEX["voltage_v"], METRIC_INDEX["current_a"], METRIC_INDEX["power_w"]
-        m[idx, w] = m[idx, v] * m[idx, i] * p["power_factor"]
-    elif s == "stuck_sensor" and idx.size:
-        col = METRIC_INDEX[p["metric"]]
-        if "value" not in p:
-            p["value"] = round(float(m[idx[np.argmin(events.t[idx])], col]), 2)
-        m[idx, col] = p["value"]
-    elif s == "impossible_travel":
-        events.lat[idx] += p["dlat"]
-        events.lon[idx] += p["dlon"]
-    elif s == "cloned_device":
-        clone = own[events.clone[own] == p["index"]]
-        events.lat[clone] += p["dlat"]
-        events.lon[clone] += p["dlon"]
-        idx = np.concatenate([idx, clone])
-    elif s == "firmware_change":
-        events.firmware[idx] = p["firmware_code"]
-    elif s == "clock_skew":
-        events.t_event[idx] += p["skew_s"]
-    events.tag[idx] = inj.code
+            # Power follows a changed current or voltage, where the device measures power.
+            has_power = idx[~np.isnan(m[idx, _W])]
+            m[has_power, _W] = m[has_power, _V] * m[has_power, _I] * power_factor[has_power]
 
 
-def _power_follows(events: Events, idx: np.ndarray, power_factor: np.ndarray) -> None:
-    v, i, w = METRIC_INDEX["voltage_v"], METRIC_INDEX["current_a"], METRIC_INDEX["power_w"]
-    m = events.metrics
-    has_power = idx[~np.isnan(m[idx, w])]
-    m[has_power, w] = m[has_power, v] * m[has_power, i] * power_factor[has_power]
+class _Jump(Scenario):
+    """Readings sent from far away: ``OFFSET_DEG`` degrees (half of it north-south)."""
+
+    OFFSET_DEG: ClassVar[tuple[float, float]]
+
+    @classmethod
+    def choose(cls, rng: np.random.Generator, place: Placement) -> dict[str, Any]:
+        low, high = cls.OFFSET_DEG
+        north = float(rng.uniform(low / 2, high / 2)) * float(rng.choice([-1.0, 1.0]))
+        east = float(rng.uniform(low, high)) * float(rng.choice([-1.0, 1.0]))
+        return {"dlat": round(north, 4), "dlon": round(east, 4)}
+
+    def change(self, events: Events, idx: np.ndarray, power_factor: np.ndarray) -> None:
+        events.lat[idx] += self.params["dlat"]
+        events.lon[idx] += self.params["dlon"]
+
+
+class Tampering(Scenario):
+    name = "tampering"
+    changes_readings = True
+
+    @classmethod
+    def fits(cls, device_type: str) -> bool:
+        return device_type in _POWERED
+
+    @classmethod
+    def choose(cls, rng: np.random.Generator, place: Placement) -> dict[str, Any]:
+        return {"power_factor": round(float(rng.uniform(0.15, 0.35)), 3)}
+
+    def change(self, events: Events, idx: np.ndarray, power_factor: np.ndarray) -> None:
+        m = events.metrics
+        m[idx, _W] = m[idx, _V] * m[idx, _I] * self.params["power_factor"]
+
+
+class Spike(_MetricChange):
+    name = "spike"
+    MODIFIERS = (
+        ("temperature_c", "add", 25.0, 40.0),
+        ("current_a", "mul", 3.0, 5.0),
+        ("humidity_pct", "add", 30.0, 40.0),
+    )
+
+
+class Dip(_MetricChange):
+    name = "dip"
+    MODIFIERS = (
+        ("voltage_v", "mul", 0.45, 0.65),
+        ("current_a", "mul", 0.05, 0.15),
+        ("signal_dbm", "add", -35.0, -25.0),
+        ("temperature_c", "add", -30.0, -20.0),
+    )
+
+
+class StuckSensor(Scenario):
+    name = "stuck_sensor"
+    changes_readings = True
+
+    @classmethod
+    def fits(cls, device_type: str) -> bool:
+        return any(m in c.REPEAT_METRICS for m in c.DEVICE_TYPES[device_type])
+
+    @classmethod
+    def choose(cls, rng: np.random.Generator, place: Placement) -> dict[str, Any]:
+        options = [m for m in c.DEVICE_TYPES[place.device_type] if m in c.REPEAT_METRICS]
+        return {"metric": options[int(rng.integers(len(options)))]}
+
+    def change(self, events: Events, idx: np.ndarray, power_factor: np.ndarray) -> None:
+        if not idx.size:
+            return
+        col = METRIC_INDEX[self.params["metric"]]
+        if "value" not in self.params:
+            # The sensor sticks at its first reading of the window.
+            self.params["value"] = round(
+                float(events.metrics[idx[np.argmin(events.t[idx])], col]), 2
+            )
+        events.metrics[idx, col] = self.params["value"]
+
+
+class Drift(_MetricChange):
+    name = "drift"
+    MODIFIERS = (
+        ("temperature_c", "ramp", 0.8, 1.5),
+        ("humidity_pct", "ramp", 1.0, 2.0),
+        ("voltage_v", "ramp", 1.5, 3.0),
+    )
+
+
+class ImpossibleTravel(_Jump):
+    name = "impossible_travel"
+    OFFSET_DEG = (20.0, 36.0)  # 1,500-3,000 km
+
+
+class ClonedDevice(_Jump):
+    """A second sender with the device's id: its readings fall between the real device's, from
+    far away; the real device's readings of the window are tagged too."""
+
+    name = "cloned_device"
+    OFFSET_DEG = (6.0, 12.0)  # 400-1,000 km
+
+    def extra_reports(self, fleet: Fleet, t0: float, t1: float) -> Reports:
+        step = float(fleet.params["interval"][self.dev])
+        t = self.ticks(t0, t1, step, offset=step / 2)
+        return np.full(t.size, self.dev, np.int64), t, np.full(t.size, self.index, np.int64)
+
+    def number(self, events: Events, device_seq: int) -> None:
+        idx = np.flatnonzero(events.clone == self.index)
+        if idx.size == 0:
+            return
+        if "next_seq" not in self.params:
+            # The clone copied the device's state, seq counter included.
+            self.params["next_seq"] = device_seq + 1
+        idx = idx[np.argsort(events.t[idx], kind="stable")]
+        events.seq[idx] = self.params["next_seq"] + np.arange(idx.size)
+        self.params["next_seq"] += idx.size
+
+    def readings(self, events: Events, own: np.ndarray) -> np.ndarray:
+        clone = own[events.clone[own] == self.index]
+        return np.concatenate([super().readings(events, own), clone])
+
+    def change(self, events: Events, idx: np.ndarray, power_factor: np.ndarray) -> None:
+        super().change(events, idx[events.clone[idx] == self.index], power_factor)
+
+
+@dataclass(eq=False)
+class Replay(Scenario):
+    """The device's messages re-sent ``delay_s`` later, byte for byte."""
+
+    name = "replay"
+    DELAY_S: ClassVar[tuple[float, float]] = (60.0, 180.0)
+    # (send time, key, value) of the device's messages waiting to be re-sent.
+    recorded: list[tuple[float, bytes, bytes]] = field(default_factory=list)
+
+    @classmethod
+    def choose(cls, rng: np.random.Generator, place: Placement) -> dict[str, Any]:
+        return {"delay_s": round(float(rng.uniform(*cls.DELAY_S)), 1)}
+
+    def apply(self, events: Events, own: np.ndarray, power_factor: np.ndarray) -> None:
+        """The device's readings stay genuine and untagged: the copies are the scenario."""
+
+    @classmethod
+    def messages(cls, scenarios: list[Self], now: Slice) -> list[Message]:
+        out: list[Message] = []
+        for replay in scenarios:
+            out += replay._due(now)
+        return out
+
+    def _due(self, now: Slice) -> list[Message]:
+        """Record the device's messages of the slice; return those due for re-sending in it."""
+        delay = float(self.params["delay_s"])
+        own = np.flatnonzero((now.events.dev == self.dev) & self.window(now.events.t))
+        self.recorded.extend(
+            (float(now.events.t[i]) + delay, now.keys[i], now.values[i]) for i in own
+        )
+        due = [r for r in self.recorded if now.t0 <= r[0] < now.t1 and r[0] < self.end]
+        self.recorded = [r for r in self.recorded if r[0] >= now.t1 and r[0] < self.end]
+        self.sent += len(due)
+        return [Message(self, t, key, value, None) for t, key, value in due]
+
+
+class Flood(Scenario):
+    """The device reports every ``interval_s`` on top of its steady readings."""
+
+    name = "flood"
+    INTERVAL_S: ClassVar[float] = 0.5
+
+    @classmethod
+    def choose(cls, rng: np.random.Generator, place: Placement) -> dict[str, Any]:
+        return {"interval_s": cls.INTERVAL_S}
+
+    def extra_reports(self, fleet: Fleet, t0: float, t1: float) -> Reports:
+        t = self.ticks(t0, t1, float(self.params["interval_s"]))
+        return np.full(t.size, self.dev, np.int64), t, np.full(t.size, -1, np.int64)
+
+
+class RogueDevice(Scenario):
+    """A device that is not in the registry, near a registered one, sending for the window."""
+
+    name = "rogue_device"
+
+    @classmethod
+    def device(
+        cls, fleet: Fleet, rng: np.random.Generator, busy: set[int], device_id: str | None
+    ) -> int:
+        """A new device of a random type, near a registered one (``device_id`` is not used)."""
+        near = int(rng.integers(fleet.n_registered))
+        lat = float(fleet.site_lat[near] + rng.uniform(-0.2, 0.2))
+        lon = float(fleet.site_lon[near] + rng.uniform(-0.2, 0.2))
+        device_type = TYPES[int(rng.integers(len(TYPES)))]
+        return fleet.add_device(f"rogue-{rng.bytes(2).hex()}", device_type, lat, lon, rng)
+
+    def prepare(self, fleet: Fleet) -> None:
+        # The device exists only for the injection: it reports over the window, never after.
+        fleet.live_from[self.dev] = self.start
+        fleet.live_to[self.dev] = self.end
+
+
+@dataclass(eq=False)
+class FirmwareChange(Scenario):
+    name = "firmware_change"
+    firmware_code: int = -1  # the reported firmware's index in the fleet's firmware table
+
+    @classmethod
+    def choose(cls, rng: np.random.Generator, place: Placement) -> dict[str, Any]:
+        return {"firmware": f"{int(rng.integers(5, 10))}.{int(rng.integers(0, 9))}.0-unsigned"}
+
+    def prepare(self, fleet: Fleet) -> None:
+        self.firmware_code = fleet.firmware_code(self.params["firmware"])
+
+    def change(self, events: Events, idx: np.ndarray, power_factor: np.ndarray) -> None:
+        events.firmware[idx] = self.firmware_code
+
+
+class ClockSkew(Scenario):
+    name = "clock_skew"
+
+    @classmethod
+    def choose(cls, rng: np.random.Generator, place: Placement) -> dict[str, Any]:
+        late = bool(rng.random() < 0.5)
+        seconds = rng.uniform(1200, 21600) if late else rng.uniform(1200, 10800)
+        skew = round(float(-seconds if late else seconds), 1)
+        if skew > 0:
+            skew = round(skew + _behind_wall_clock(place.settings, place.start), 1)
+        return {"skew_s": skew}
+
+    def change(self, events: Events, idx: np.ndarray, power_factor: np.ndarray) -> None:
+        events.t_event[idx] += self.params["skew_s"]
+
+
+def _behind_wall_clock(settings: SimulatorSettings, t: float) -> float:
+    """How far the simulated clock is behind the wall clock at ``t`` simulated seconds, in a run
+    faster than real time that ends near now (0 otherwise). A device clock "ahead" is ahead of
+    real time, as in production, so the pipeline's clock check sees it: ahead of a simulated
+    clock that lags by an hour it would pass as on time, and move the watermark past every other
+    device's events."""
+    s = settings
+    if not (s.duration and s.accelerate > 1.0) or s.start_time is not None:
+        return 0.0
+    span = s.duration * s.accelerate
+    return max(0.0, (span - t) * (1.0 - 1.0 / s.accelerate))
+
+
+class Malformed(Scenario):
+    """Every ``INTERVAL_S`` the device sends a message broken in one way, the reasons in turn."""
+
+    name = "malformed"
+    INTERVAL_S: ClassVar[float] = 10.0
+
+    @classmethod
+    def choose(cls, rng: np.random.Generator, place: Placement) -> dict[str, Any]:
+        return {"reasons": list(place.settings.malformed_reasons)}
+
+    def apply(self, events: Events, own: np.ndarray, power_factor: np.ndarray) -> None:
+        """The device's readings stay genuine and untagged: the broken messages are the
+        scenario."""
+
+    @classmethod
+    def messages(cls, scenarios: list[Self], now: Slice) -> list[Message]:
+        # One ``signals`` call serves every injection: called once per injection, its fixed cost
+        # outweighed the few messages it made.
+        due = [(m, m.ticks(now.t0, now.t1, cls.INTERVAL_S)) for m in scenarios]
+        due = [(m, times) for m, times in due if m.params["reasons"] and times.size]
+        if not due:
+            return []
+        fleet, rng = now.fleet, now.rng
+        dev = np.concatenate([np.full(times.size, m.dev, np.int64) for m, times in due])
+        times = np.concatenate([times for _, times in due])
+        metrics, lat, lon, _ = signals(fleet, dev, times, now.start_epoch, rng)
+        stamps = event_times(now.start_ms, times)
+        out: list[Message] = []
+        i = 0
+        for m, ticks in due:
+            reasons: list[str] = m.params["reasons"]
+            sensors = c.DEVICE_TYPES[fleet.device_type(m.dev)]
+            other = fleet.keys[(m.dev + 1) % fleet.n_registered]
+            counts = m.params.setdefault("counts", {})
+            for t in ticks.tolist():
+                event = event_dict(
+                    event_id=str(uuid.UUID(bytes=rng.bytes(16), version=4)),
+                    device_id=str(fleet.ids[m.dev]),
+                    event_time=bytes(stamps[i]).decode(),
+                    seq=int(fleet.seq[m.dev]),
+                    firmware=fleet.firmware_table[int(fleet.firmware[m.dev])],
+                    lat=float(lat[i]),
+                    lon=float(lon[i]),
+                    metrics={s: float(metrics[i, METRIC_INDEX[s]]) for s in sensors},
+                )
+                # The reasons take turns by the tick's number since the injection started.
+                reason = reasons[round((t - m.start) / cls.INTERVAL_S) % len(reasons)]
+                key, value, _detail = malformed_message(
+                    reason, event, fleet.keys[m.dev], other, rng
+                )
+                counts[reason] = counts.get(reason, 0) + 1
+                m.sent += 1
+                out.append(Message(m, t, key, value, reason))
+                i += 1
+        return out
 
 
 def malformed_message(
@@ -240,9 +613,8 @@ def malformed_message(
     """
     event = {**event, "metrics": dict(event["metrics"])}
     if reason == c.REASON_INVALID_JSON:
-        text = json.dumps(event, separators=(",", ":"))
         cut = int(rng.integers(5, 40))
-        return key, text[:-cut].encode(), f"truncated by {cut} characters"
+        return key, event_json(event)[:-cut], f"truncated by {cut} characters"
     if reason == c.REASON_MISSING_FIELD:
         missing = c.REQUIRED_FIELDS[int(rng.integers(len(c.REQUIRED_FIELDS)))]
         del event[missing]
@@ -274,36 +646,31 @@ def malformed_message(
             event["metrics"]["voltage_v"] = -12.0
             detail = "voltage_v -12"
     elif reason == c.REASON_OVERSIZE:
-        raw = json.dumps(event, separators=(",", ":")).encode()
         padding = b',"padding":"' + b"x" * (c.MAX_MESSAGE_BYTES + 1024) + b'"}'
-        return key, raw[:-1] + padding, f"more than {c.MAX_MESSAGE_BYTES} bytes"
+        return key, event_json(event)[:-1] + padding, f"more than {c.MAX_MESSAGE_BYTES} bytes"
     elif reason == c.REASON_INVALID_UTF8:
-        raw = json.dumps(event, separators=(",", ":")).encode()
         firmware = json.dumps(event["firmware"]).encode()
-        value = raw.replace(b'"firmware":' + firmware, b'"firmware":"\xff\xfe-bad"', 1)
+        value = event_json(event).replace(
+            b'"firmware":' + firmware, b'"firmware":"\xff\xfe-bad"', 1
+        )
         return key, value, "firmware holds bytes 0xff 0xfe"
     elif reason == c.REASON_KEY_MISMATCH:
-        return other_key, json.dumps(event, separators=(",", ":")).encode(), "key of another device"
+        return other_key, event_json(event), "key of another device"
     else:
         raise ValueError(f"no malformed message for reason {reason!r}")
-    return key, json.dumps(event, separators=(",", ":")).encode(), detail
+    return key, event_json(event), detail
 
 
-def ground_truth_row(
-    inj: Injection, device_id: str, start: datetime, end_s: float, run_id: str
-) -> GroundTruthRow:
-    """The ground-truth row of an injection that ran until ``end_s`` simulated seconds."""
-    details = {k: v for k, v in inj.params.items() if k not in ("index", "firmware_code")}
-    details["messages"] = inj.sent
-    return GroundTruthRow(
-        scenario_id=inj.scenario_id,
-        device_id=device_id,
-        scenario=inj.scenario,
-        start_time=start + timedelta(seconds=inj.start),
-        end_time=start + timedelta(seconds=max(inj.start, min(inj.end, end_s))),
-        details=json.dumps(details, sort_keys=True),
-        run_id=run_id,
+# Every scenario kind, by its name in ``infra.contract.SCENARIOS``.
+KINDS: dict[str, type[Scenario]] = {
+    kind.name: kind
+    for kind in (
+        Tampering, Spike, Dip, StuckSensor, Drift, ImpossibleTravel, ClonedDevice, Replay, Flood,
+        RogueDevice, FirmwareChange, ClockSkew, Malformed,
     )
+}  # fmt: skip
+if set(KINDS) != set(c.SCENARIOS):
+    raise RuntimeError(f"scenario kinds {sorted(KINDS)} differ from the contract's {c.SCENARIOS}")
 
 
 def ground_truth_table(rows: list[GroundTruthRow]) -> pa.Table:

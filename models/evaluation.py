@@ -126,6 +126,16 @@ def evaluate(
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
+def false_alerts(
+    alerts: pd.DataFrame, truth: pd.DataFrame, scenarios: Sequence[str] = c.FRAUD_SCENARIOS
+) -> pd.DataFrame:
+    """The alerts ``evaluate`` counts as false (no analyst verdict): those that no injection
+    explains (module docstring), as rows of ``alerts``."""
+    alerts = alerts.reset_index(drop=True)
+    _, _, pairs, _ = _overlaps(alerts, truth, scenarios)
+    return alerts[~alerts.index.isin(set(pairs["alert_row"]))]
+
+
 def missed(
     alerts: pd.DataFrame, truth: pd.DataFrame, scenarios: Sequence[str] = c.FRAUD_SCENARIOS
 ) -> pd.DataFrame:

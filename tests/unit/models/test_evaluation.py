@@ -12,6 +12,7 @@ from models.evaluation import (
     AMBIGUOUS,
     CLEAN,
     evaluate,
+    false_alerts,
     false_alerts_per_10k,
     missed,
     window_labels,
@@ -141,3 +142,4 @@ def test_robustness_injections_explain_only_the_alerts_of_their_types() -> None:
     assert (total["injected"], total["detected"]) == (0, 0)
     assert (total["true_positive_alerts"], total["alerts"]) == (2, 4)
     assert missed(alerts, truth).empty
+    assert sorted(false_alerts(alerts, truth)["alert_id"]) == ["b3", "b4"]

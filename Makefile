@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup system-deps jars demo test lint typecheck unit integration clean
+.PHONY: help setup system-deps test-deps jars demo test lint typecheck unit integration clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[all,dev]'
 	touch $(STAMP)
 
-system-deps: ## Debian packages the tests need (Java 17, headless Chromium, docker-compose); no-op when present
-	@./scripts/system-deps.sh
+system-deps: ## Debian packages the demo needs (Java 17); no-op when present
+	@./scripts/system-deps.sh demo
+
+test-deps: ## Debian packages only the tests need (headless Chromium, docker-compose); no-op when present
+	@./scripts/system-deps.sh test
 
 setup: system-deps $(STAMP) jars ## create the virtualenv, install packages and jars
 
@@ -38,7 +41,7 @@ typecheck: $(STAMP) ## mypy (strict) on the packages
 unit: $(STAMP) ## the fast loop: unit tests only
 	$(BIN)/pytest tests/unit -q
 
-test: setup lint typecheck ## set everything up and run the whole suite
+test: setup test-deps lint typecheck ## set everything up and run the whole suite
 	$(BIN)/pytest -q
 
 clean: ## stop the local stack and remove local state (keeps the jar cache)

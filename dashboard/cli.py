@@ -10,7 +10,6 @@ command line (which other users of the machine can see).
 
 from __future__ import annotations
 
-import argparse
 import getpass
 import ipaddress
 import logging
@@ -19,31 +18,16 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+import click
+
 from dashboard import auth
 from dashboard.settings import DashboardSettings
-from infra.errors import ConfigError
-from infra.logs import configure_logging
+from infra.commandline import group, run, setting, settings_from
 from infra.processes import Children, Stopped, stop_signals
-from infra.settings import load_settings
 
 log = logging.getLogger(__name__)
 
 APP = Path(__file__).with_name("app.py")
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="iotfraud dashboard",
-        description="Run the Streamlit dashboard on the Delta lake. Other settings: IOT_DASH_*.",
-        epilog="iotfraud dashboard hash-password NAME: a line for the user file "
-        "(IOT_DASH_AUTH_FILE) that turns sign-in on.",
-    )
-    parser.add_argument("--port", type=int, help="server port (IOT_DASH_PORT, default 8501)")
-    parser.add_argument("--address", help="address to bind (IOT_DASH_ADDRESS)")
-    parser.add_argument("--lake-root", help="root of the Delta tables (IOT_LAKE_ROOT)")
-    parser.add_argument("--refresh-seconds", type=float, help="IOT_DASH_REFRESH_SECONDS")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser.parse_args(argv)
 
 
 def server_command(settings: DashboardSettings) -> list[str]:
@@ -106,46 +90,26 @@ def read_password(stdin: TextIO) -> str:
     return password
 
 
-def hash_password_main(argv: list[str], stdin: TextIO | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="iotfraud dashboard hash-password",
-        description="Print NAME:hash for the dashboard's user file (IOT_DASH_AUTH_FILE). The "
-        "password is asked for twice on a terminal, or read from the first line of stdin.",
-        epilog="example: iotfraud dashboard hash-password ana >> /etc/iotfraud/dashboard-users",
-    )
-    parser.add_argument("name", help="the analyst's user name (also recorded with their verdicts)")
-    args = parser.parse_args(argv)
-    try:
-        name = auth.check_name(args.name)
-        password = read_password(stdin or sys.stdin)
-    except ValueError as exc:
-        print(f"iotfraud dashboard hash-password: {exc}", file=sys.stderr)
-        return 2
-    print(f"{name}:{auth.hash_password(password)}")
-    return 0
+@group(
+    "dashboard",
+    invoke_without_command=True,
+    epilog="Other settings: the IOT_DASH_* variables (iotfraud config). "
+    "`iotfraud dashboard hash-password NAME` makes a line for the user file (IOT_DASH_AUTH_FILE) "
+    "that turns sign-in on.",
+)
+@setting(DashboardSettings, "port")
+@setting(DashboardSettings, "address")
+@setting(DashboardSettings, "refresh_seconds")
+@click.pass_context
+def cli(ctx: click.Context, /, **_settings: object) -> int | None:
+    """Run the Streamlit dashboard on the Delta lake."""
+    if ctx.invoked_subcommand is not None:
+        return None
+    return serve(settings_from(DashboardSettings))
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["hash-password"]:
-        return hash_password_main(argv[1:])
-    args = parse_args(argv)
-    configure_logging(args.verbose)
-    overrides = {
-        name: value
-        for name, value in (
-            ("port", args.port),
-            ("address", args.address),
-            ("lake_root", args.lake_root),
-            ("refresh_seconds", args.refresh_seconds),
-        )
-        if value is not None
-    }
-    try:
-        settings = load_settings(DashboardSettings, **overrides)
-    except ConfigError as exc:
-        print(f"iotfraud dashboard: {exc}", file=sys.stderr)
-        return 2
+def serve(settings: DashboardSettings) -> int:
+    """Run the Streamlit server until it ends or a stop signal; its exit status."""
     log.info(
         "dashboard on http://%s:%d (lake %s, sign-in %s)",
         settings.address,
@@ -171,3 +135,26 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         children.stop(timeout_s=10)
+
+
+@cli.command(
+    "hash-password",
+    epilog="example: iotfraud dashboard hash-password ana >> /etc/iotfraud/dashboard-users",
+)
+@click.argument("name")
+def hash_password(name: str) -> None:
+    """Print NAME:hash for the dashboard's user file (IOT_DASH_AUTH_FILE).
+
+    NAME is the analyst's user name (also recorded with their verdicts). The password is asked
+    for twice on a terminal, or read from the first line of stdin.
+    """
+    try:
+        name = auth.check_name(name)
+        password = read_password(sys.stdin)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"{name}:{auth.hash_password(password)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(cli, argv, prog="iotfraud dashboard")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from infra.errors import ConfigError
@@ -228,12 +229,11 @@ _SECRET_FIELD_MARKERS = ("password", "secret", "token", "options", "url")
 
 
 def _may_hold_secrets(name: str) -> bool:
-    return any(marker in name for marker in _SECRET_FIELD_MARKERS)
+    return any(marker in name.lower() for marker in _SECRET_FIELD_MARKERS)
 
 
 def load_settings(cls: type[S], **overrides: Any) -> S:
     """Build a settings object; a bad value raises ConfigError naming the variable to fix."""
-    prefix = str(cls.model_config.get("env_prefix", ""))
     try:
         return cls(**overrides)
     except SettingsError as exc:
@@ -242,26 +242,71 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
         found = re.search(r'field "(\w+)"', str(exc))
         name = found.group(1) if found else "?"
         raise ConfigError(
-            f"Invalid configuration in {cls.__name__}:\n  {_variable(cls, prefix, name)}: "
+            f"Invalid configuration in {cls.__name__}:\n  {variable_name(cls, name)}: "
             f"not valid JSON ({exc.__cause__ or exc}); give a JSON list or object, for "
             """example '["a", "b"]' or '{"key": "value"}'"""
         ) from None
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            if not error["loc"]:  # a check across several settings
-                problems.append(f"  {error['msg']}")
-                continue
-            name = str(error["loc"][0])
-            got = "" if _may_hold_secrets(name) else f" (got {error.get('input')!r})"
-            problems.append(f"  {_variable(cls, prefix, name)}: {error['msg']}{got}")
-        raise ConfigError(
-            f"Invalid configuration in {cls.__name__}:\n" + "\n".join(problems)
-        ) from None
+        raise config_error(exc, cls) from None
 
 
-def _variable(cls: type[BaseSettings], prefix: str, name: str) -> str:
-    """The environment variable that sets field ``name``."""
+def config_error(exc: ValidationError, cls: type[BaseSettings] | None = None) -> ConfigError:
+    """A ConfigError with one line per problem, each naming the variable to fix (when ``cls``,
+    the settings class that failed, is known)."""
+    problems = []
+    for error in exc.errors():
+        if not error["loc"]:  # a check across several settings
+            problems.append(f"  {error['msg']}")
+            continue
+        name = str(error["loc"][0])
+        where = variable_name(cls, name) if cls is not None else name
+        got = "" if _may_hold_secrets(name) else f" (got {error.get('input')!r})"
+        problems.append(f"  {where}: {error['msg']}{got}")
+    return ConfigError(f"Invalid configuration in {exc.title}:\n" + "\n".join(problems))
+
+
+def variable_name(cls: type[BaseSettings], name: str) -> str:
+    """The environment variable that sets field ``name`` of ``cls`` (``name`` may be the
+    variable already: validation errors name an aliased field by its alias)."""
     field = cls.model_fields.get(name)
+    if field is None:
+        aliases = {f.validation_alias for f in cls.model_fields.values()}
+        if name in aliases:
+            return name
     alias = field.validation_alias if field is not None else None
-    return alias if isinstance(alias, str) else f"{prefix}{name}".upper()
+    if isinstance(alias, str):
+        return alias
+    return f"{cls.model_config.get('env_prefix', '')}{name}".upper()
+
+
+def default_text(field: FieldInfo) -> str:
+    """A field's default as the configuration table and the options' help show it."""
+    factory: Any = field.default_factory
+    if factory is not None:
+        try:
+            value = factory()
+        except TypeError:  # a factory of the other fields' values
+            value = "(computed)"
+    else:
+        value = field.default
+    text = str(value) if value not in ("", None) else "(empty)"
+    text = text.replace(str(Path.home()), "~")
+    if isinstance(value, dict) and not value:
+        text = "{}"
+    return text
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """The variables a ``.env`` file sets (compose's syntax: ``KEY=value`` lines, comments,
+    quotes, ``${OTHER}`` references).
+
+    Raises:
+        ConfigError: the file cannot be read.
+    """
+    from dotenv import dotenv_values
+
+    try:
+        values = dotenv_values(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the settings file {path}: {exc}") from None
+    return {name: value for name, value in values.items() if value is not None}

@@ -5,12 +5,14 @@ The README's configuration table is this command's output (a test keeps the two 
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from pathlib import Path
-from typing import Any
 
+import click
 from pydantic_settings import BaseSettings
+
+from infra.commandline import command, run
+from infra.settings import default_text, variable_name
 
 # (section title, module, class) in the order the README lists them.
 SETTINGS_CLASSES = (
@@ -24,36 +26,20 @@ SETTINGS_CLASSES = (
 )
 
 
-def _default(field: Any) -> str:
-    if field.default_factory is not None:
-        try:
-            value = field.default_factory()
-        except TypeError:
-            value = "(computed)"
-    else:
-        value = field.default
-    text = str(value) if value not in ("", None) else "(empty)"
-    text = text.replace(str(Path.home()), "~")
-    if isinstance(value, dict) and not value:
-        text = "{}"
-    return text.replace("|", "\\|")
-
-
 def rows() -> list[tuple[str, str, str, str]]:
     """(section, variable, default, description) for every setting, inherited ones once."""
     seen: set[str] = set()
     result = []
     for section, module_name, class_name in SETTINGS_CLASSES:
         cls: type[BaseSettings] = getattr(importlib.import_module(module_name), class_name)
-        prefix = str(cls.model_config.get("env_prefix", ""))
         for name, field in cls.model_fields.items():
-            alias = field.validation_alias
-            variable = alias if isinstance(alias, str) else f"{prefix}{name}".upper()
+            variable = variable_name(cls, name)
             if variable in seen:
                 continue
             seen.add(variable)
+            default = default_text(field).replace("|", "\\|")
             description = (field.description or "").replace("|", "\\|")
-            result.append((section, variable, _default(field), description))
+            result.append((section, variable, default, description))
     return result
 
 
@@ -74,13 +60,21 @@ def with_table(readme: str) -> str:
     return f"{head}{START_MARK}\n{markdown_table()}\n{END_MARK}{tail}"
 
 
+@command("config")
+@click.option(
+    "--update",
+    metavar="README",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Rewrite the table between the config-table markers of this file instead.",
+)
+def config(update: Path | None) -> None:
+    """Print every setting with its environment variable and default (a Markdown table)."""
+    if update is not None:
+        update.write_text(with_table(update.read_text()))
+    else:
+        click.echo(markdown_table())
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="iotfraud config", description=__doc__)
-    parser.add_argument("--update", metavar="README", help="rewrite the table in this file")
-    args = parser.parse_args(argv)
-    if args.update:
-        path = Path(args.update)
-        path.write_text(with_table(path.read_text()))
-        return 0
-    print(markdown_table())
-    return 0
+    """``iotfraud config``."""
+    return run(config, argv, prog="iotfraud config")

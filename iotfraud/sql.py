@@ -7,13 +7,13 @@ storage alike. The result is printed as a table, or written as CSV or Parquet.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from typing import TYPE_CHECKING
 
+import click
+
 from infra import lake
-from infra.logs import configure_logging
+from infra.commandline import command, run
 from infra.settings import CommonSettings, SparkSettings, load_settings
 
 if TYPE_CHECKING:
@@ -57,25 +57,6 @@ def write_result(df: DataFrame, output: str, fmt: str) -> None:
         writer.parquet(output)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="iotfraud sql",
-        description="Run Spark SQL over the lake's tables (telemetry, alerts, features, devices, "
-        "quarantine, pipeline_metrics, ground_truth, alert_feedback, evaluation).",
-    )
-    parser.add_argument("query", help='the SQL, e.g. "SELECT alert_type, count(*) FROM alerts '
-                                      'GROUP BY 1"')  # fmt: skip
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        help="table (default); csv or parquet with --output (default: the output's extension)",
-    )
-    parser.add_argument("--output", help="write the result to this folder instead of printing")
-    parser.add_argument("--max-rows", type=int, default=100, help="rows printed (default 100)")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    return parser
-
-
 def output_format(output: str | None, fmt: str | None) -> str:
     """The format to use; a clear error when it does not fit the arguments."""
     if output is None:
@@ -90,31 +71,51 @@ def output_format(output: str | None, fmt: str | None) -> str:
     raise ValueError("--output needs --format csv or --format parquet (or a .csv/.parquet name)")
 
 
-def main(argv: list[str] | None = None) -> int:
+@command(
+    "sql",
+    epilog="Tables: telemetry, alerts, features, devices, quarantine, pipeline_metrics, "
+    "ground_truth, alert_feedback, evaluation (those that exist under the lake root).",
+)
+@click.argument("query")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    help="table (default); csv or parquet with --output (default: the output's extension).",
+)
+@click.option("--output", help="Write the result to this folder instead of printing it.")
+@click.option(
+    "--max-rows", type=click.IntRange(min=1), default=100, show_default=True, help="Rows printed."
+)
+def sql(query: str, fmt: str | None, output: str | None, max_rows: int) -> None:
+    """Run Spark SQL over the lake's tables, each a view named after it, e.g.
+    iotfraud sql "SELECT alert_type, count(*) FROM alerts GROUP BY 1"."""
     from pyspark.errors import AnalysisException, ParseException
 
     from infra.spark import build_spark_session
 
-    args = build_parser().parse_args(argv)
-    configure_logging(args.verbose)
     try:
-        fmt = output_format(args.output, args.format)
+        fmt = output_format(output, fmt)
     except ValueError as exc:
-        print(f"iotfraud sql: {exc}", file=sys.stderr)
-        return 2
+        raise click.UsageError(str(exc)) from None
     common = load_settings(CommonSettings)
     spark = build_spark_session("iotfraud-sql", load_settings(SparkSettings))
     tables = register_tables(spark, common.lake_root)
     try:
-        result = spark.sql(args.query)
-        if fmt == "table":
-            print(format_rows(result, args.max_rows))
+        result = spark.sql(query)
+        if output is None:
+            click.echo(format_rows(result, max_rows))
         else:
-            write_result(result, args.output, fmt)
-            print(f"wrote {fmt} to {args.output}", file=sys.stderr)
+            write_result(result, output, fmt)
+            click.echo(f"wrote {fmt} to {output}", err=True)
     except (AnalysisException, ParseException) as exc:
         first_line = str(exc).strip().splitlines()[0]
-        print(f"iotfraud sql: {first_line}\ntables in {common.lake_root}: "
-              f"{', '.join(tables) or '(none yet)'}", file=sys.stderr)  # fmt: skip
-        return 2
-    return 0
+        raise click.BadParameter(
+            f"{first_line}\ntables in {common.lake_root}: {', '.join(tables) or '(none yet)'}",
+            param_hint="QUERY",
+        ) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``iotfraud sql``."""
+    return run(sql, argv, prog="iotfraud sql")

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from infra import contract as c
-from models.cli import build_parser
-from models.cli import main as models_main
+from infra.commandline import run
+from models.cli import commands, train_command
 
 if TYPE_CHECKING:
     from models.dataset import Fleet
     from simulator.telemetry import Batch
 
-__all__ = ["build_parser", "main", "simulate"]
+__all__ = ["main", "simulate", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -73,4 +73,7 @@ def simulate(fleet: Fleet, folder: Path) -> tuple[Path, pd.DataFrame]:
 
 def main(argv: list[str] | None = None) -> int:
     """``models``' command line, training on the simulator's history."""
-    return models_main(argv, history_source=simulate)
+    return run(commands(simulate), argv)
+
+
+train = train_command(simulate)

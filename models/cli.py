@@ -6,14 +6,16 @@ Training needs a history source (``models.dataset.HistorySource``): ``iotfraud t
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from typing import TYPE_CHECKING, Any
 
-from infra.logs import configure_logging
+import click
+
+from infra.commandline import PROG, Group, command, group, run, setting, settings_from
+from infra.errors import ConfigError
 from infra.mlflow_store import tracking_uri
 from infra.settings import load_settings
+from models.settings import ModelSettings
 
 if TYPE_CHECKING:
     from models.dataset import HistorySource
@@ -21,51 +23,37 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="iotfraud", description="Train, promote and evaluate.")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser(
+def train_command(history_source: HistorySource | None) -> click.Command:
+    """``train``, training on the history ``history_source`` makes (``iotfraud train`` passes the
+    simulator in; without one the command says so)."""
+
+    @command(
         "train",
-        help="train on simulated history, register, promote if better than the champion",
-        description="Settings come from IOT_MODEL_* variables; these flags override them.",
+        epilog="Other settings: the IOT_MODEL_* variables (iotfraud config).",
     )
-    train.add_argument("--devices", type=int, help="fleet size of the simulated history")
-    train.add_argument("--hours", type=float, help="simulated hours to train on")
-    train.add_argument("--holdout-hours", type=float, help="simulated hours held out")
-    train.add_argument("--seed", type=int, help="seed of the training fleet")
-    # Also after the subcommand, as `iotfraud train -v` passes it.
-    train.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
-    models = sub.add_parser("models", help="list | promote VERSION | rollback | sign VERSION")
-    action = models.add_subparsers(dest="action", required=True)
-    action.add_parser("list", help="versions with their aliases and held-out scores")
-    promote = action.add_parser("promote", help="make VERSION the champion")
-    promote.add_argument("version")
-    action.add_parser("rollback", help="make the previous champion the champion again")
-    sign = action.add_parser(
-        "sign",
-        help="record the digest of VERSION's files, so that the pipeline loads it",
-        description="For a version registered without `iotfraud train`: loading a model runs its "
-        "code, so the pipeline loads only versions whose files match a recorded digest (signed "
-        "with IOT_MODEL_SIGNING_KEY when set). Check the files first.",
-    )
-    sign.add_argument("version")
-    sub.add_parser("eval", help="score the live alerts against ground_truth; write evaluation")
-    return parser
+    @setting(ModelSettings, "devices")
+    @setting(ModelSettings, "hours")
+    @setting(ModelSettings, "holdout_hours")
+    @setting(ModelSettings, "seed")
+    def train(**_options: object) -> int:
+        """Train on simulated history, register, promote if better than the champion."""
+        if history_source is None:
+            raise click.UsageError(
+                "this entry point has no history to train on: run `iotfraud train` (it trains "
+                "on the simulator's)"
+            )
+        return run_train(settings_from(ModelSettings), history_source)
+
+    return train
 
 
-def run_train(args: argparse.Namespace, history_source: HistorySource) -> int:
+def run_train(settings: ModelSettings, history_source: HistorySource) -> int:
     from infra.settings import SparkSettings
     from infra.spark import build_spark_session
     from models.live_eval import format_table
-    from models.settings import ModelSettings
     from models.train import train
     from pipeline.settings import PipelineSettings
 
-    overrides: dict[str, Any] = {k: v for k, v in {
-        "devices": args.devices, "hours": args.hours, "holdout_hours": args.holdout_hours,
-        "seed": args.seed}.items() if v is not None}  # fmt: skip
-    settings = load_settings(ModelSettings, **overrides)
     pipeline = load_settings(PipelineSettings)
     uri = tracking_uri(settings.mlflow_tracking_uri)
     spark = build_spark_session("iotfraud-train", load_settings(SparkSettings))
@@ -90,41 +78,85 @@ def run_train(args: argparse.Namespace, history_source: HistorySource) -> int:
     return 0
 
 
-def run_models(args: argparse.Namespace) -> int:
-    from infra.model_trust import sign_version
+@group("models")
+def models() -> None:
+    """Registered models: list, promote, roll back, sign."""
+
+
+def _registry() -> tuple[Any, str]:
+    """The registry's client and the model's name."""
     from models import registry
-    from models.settings import ModelSettings
 
     settings = load_settings(ModelSettings)
-    client = registry.client(tracking_uri(settings.mlflow_tracking_uri))
-    name = settings.name
+    return registry.client(tracking_uri(settings.mlflow_tracking_uri)), settings.name
+
+
+@models.command("list")
+def list_versions() -> None:
+    """Versions with their aliases and held-out scores."""
+    from models import registry
+
+    client, name = _registry()
+    rows = registry.versions(client, name)
+    if not rows:
+        click.echo(f"no versions of {name}: run `iotfraud train`")
+    for row in rows:
+        f1 = "n/a" if row["holdout_f1"] is None else f"{row['holdout_f1']:.3f}"
+        auc = "n/a" if row["holdout_pr_auc"] is None else f"{row['holdout_pr_auc']:.3f}"
+        click.echo(f"{name} v{row['version']:<4} {row['aliases'] or '-':<22} "
+                   f"F1 {f1:<6} PR-AUC {auc:<6} {row['created']:%Y-%m-%d %H:%M}")  # fmt: skip
+
+
+@models.command()
+@click.argument("version")
+def promote(version: str) -> None:
+    """Make VERSION the champion."""
+    from models import registry
+
+    client, name = _registry()
     try:
-        if args.action == "promote":
-            old = registry.promote(client, name, args.version)
-            print(f"{name}: champion is version {args.version} (was {old or 'none'})")
-        elif args.action == "sign":
-            registry.check_version(client, name, args.version)
-            digest = sign_version(client, name, args.version, settings.signing_key())
-            print(f"{name}: version {args.version} signed ({digest.split(':')[0]})")
-        elif args.action == "rollback":
-            back, demoted = registry.rollback(client, name)
-            print(f"{name}: champion is version {back} again (version {demoted} is previous)")
-        else:
-            rows = registry.versions(client, name)
-            if not rows:
-                print(f"no versions of {name}: run `iotfraud train`")
-            for row in rows:
-                f1 = "n/a" if row["holdout_f1"] is None else f"{row['holdout_f1']:.3f}"
-                auc = "n/a" if row["holdout_pr_auc"] is None else f"{row['holdout_pr_auc']:.3f}"
-                print(f"{name} v{row['version']:<4} {row['aliases'] or '-':<22} "
-                      f"F1 {f1:<6} PR-AUC {auc:<6} {row['created']:%Y-%m-%d %H:%M}")  # fmt: skip
+        old = registry.promote(client, name, version)
     except ValueError as exc:
-        print(f"iotfraud models {args.action}: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        raise click.BadParameter(str(exc), param_hint="VERSION") from None
+    click.echo(f"{name}: champion is version {version} (was {old or 'none'})")
 
 
-def run_eval() -> int:
+@models.command()
+def rollback() -> None:
+    """Make the previous champion the champion again."""
+    from models import registry
+
+    client, name = _registry()
+    try:
+        back, demoted = registry.rollback(client, name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    click.echo(f"{name}: champion is version {back} again (version {demoted} is previous)")
+
+
+@models.command(
+    epilog="For a version registered without `iotfraud train`: loading a model runs its code, so "
+    "the pipeline loads only versions whose files match a recorded digest (signed with "
+    "IOT_MODEL_SIGNING_KEY when set). Check the files first."
+)
+@click.argument("version")
+def sign(version: str) -> None:
+    """Record the digest of VERSION's files, so that the pipeline loads it."""
+    from infra.model_trust import sign_version
+    from models import registry
+
+    client, name = _registry()
+    try:
+        registry.check_version(client, name, version)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="VERSION") from None
+    digest = sign_version(client, name, version, load_settings(ModelSettings).signing_key())
+    click.echo(f"{name}: version {version} signed ({digest.split(':')[0]})")
+
+
+@command("eval")
+def evaluate() -> None:
+    """Score the live alerts against ground_truth; write the evaluation table."""
     from infra.settings import CommonSettings
     from models.live_eval import evaluate_lake, format_table, write_evaluation
 
@@ -132,22 +164,20 @@ def run_eval() -> int:
     try:
         result = evaluate_lake(lake_root)
     except FileNotFoundError as exc:
-        print(f"iotfraud eval: {exc}", file=sys.stderr)
-        return 2
-    print(format_table(result))
+        raise ConfigError(str(exc)) from None
+    click.echo(format_table(result))
     write_evaluation(lake_root, result)
-    print(f"written to the evaluation table under {lake_root}")
-    return 0
+    click.echo(f"written to the evaluation table under {lake_root}")
+
+
+def commands(history_source: HistorySource | None) -> Group:
+    """The models' commands in one group: ``python -m models``, and ``iotfraud.training``."""
+    cli = Group(PROG)
+    for each in (train_command(history_source), models, evaluate):
+        cli.add_command(each)
+    return cli
 
 
 def main(argv: list[str] | None = None, *, history_source: HistorySource | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    configure_logging(args.verbose)
-    if args.command == "train":
-        if history_source is None:
-            print("training needs the simulator's history: run `iotfraud train`", file=sys.stderr)
-            return 2
-        return run_train(args, history_source)
-    if args.command == "models":
-        return run_models(args)
-    return run_eval()
+    """``train | models ... | eval``; ``train`` needs ``history_source``."""
+    return run(commands(history_source), argv)

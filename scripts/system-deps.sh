@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the stack and the tests need, only when something is missing.
+# Installs the Debian packages the project needs, only when something is missing.
+#   scripts/system-deps.sh demo   what `make demo` needs: Java 17 for Spark and the Kafka broker
+#   scripts/system-deps.sh [test] that, plus what only the tests need: headless Chromium and
+#                                 docker-compose (`make test`)
 set -euo pipefail
+
+needs="${1:-test}"
+case "$needs" in
+    demo|test) ;;
+    *) echo "usage: $0 [demo|test]" >&2; exit 2 ;;
+esac
 
 missing=()
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
-command -v chromium >/dev/null 2>&1 || missing+=(chromium)
-# docker-compose validates docker-compose.yml without a Docker engine (tests/unit/test_compose.py).
-command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+if [ "$needs" = test ]; then
+    # The browser tests drive Debian's Chromium (tests/integration/test_dashboard_browser.py).
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    # docker-compose validates docker-compose.yml without a Docker engine (tests/unit/test_compose.py).
+    command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+fi
 
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0

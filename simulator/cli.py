@@ -1,27 +1,28 @@
-"""``iotfraud simulate | replay | registry`` (also ``python -m simulator ...``).
+"""``iotfraud simulate | replay | registry | firmware`` (also ``python -m simulator ...``).
 
 Options override the ``IOT_SIM_*`` environment; a bad value stops with a message naming it.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
 
 from infra import contract as c
-from infra.errors import ConfigError, SetupError
+from infra.commandline import PROG, command, error, group, run, setting, settings_from
+from infra.errors import ConfigError
 from infra.kafka_client import ensure_topic
-from infra.logs import configure_logging
-from infra.settings import load_settings
 from simulator import registry as reg
 from simulator.producer import (
     RunStats,
@@ -40,135 +41,39 @@ log = logging.getLogger(__name__)
 
 _KAFKA_ONLY_REASONS = (c.REASON_KEY_MISMATCH, c.REASON_INVALID_UTF8)
 
-
-def _kafka_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers")
-    parser.add_argument("--topic", help="telemetry topic")
-    parser.add_argument(
-        "--kafka-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="librdkafka option, repeatable (e.g. security.protocol=SASL_SSL)",
-    )
-    parser.add_argument("--partitions", type=int, help="partitions if the topic is created")
-    parser.add_argument("--lake-root", help="root of the Delta tables")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="iotfraud", description="The telemetry simulator.")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    sim = sub.add_parser("simulate", help="generate telemetry with injected scenarios into Kafka")
-    sim.add_argument("--devices", type=int, help="fleet size (default 1000)")
-    sim.add_argument("--seed", type=int, help="seed of the fleet and the telemetry")
-    sim.add_argument("--rate", type=float, help="events/s to send (token bucket)")
-    sim.add_argument(
-        "--accelerate", type=float, help="simulated seconds per wall second; 0 = max speed"
-    )
-    sim.add_argument("--duration", type=float, help="stop after this many wall seconds")
-    sim.add_argument("--count", type=int, help="stop after this many messages")
-    sim.add_argument("--start-time", help="simulated clock start, ISO-8601 (default: auto)")
-    sim.add_argument("--scenarios", help="comma-separated scenarios to switch on (default all)")
-    sim.add_argument("--no-scenarios", action="store_true", help="clean telemetry only")
-    sim.add_argument(
-        "--scenario-rate", type=float, help="injections of each scenario per simulated hour"
-    )
-    sim.add_argument(
-        "--rate-of",
-        action="append",
-        default=[],
-        metavar="SCENARIO=R",
-        help="injections per simulated hour of one scenario, repeatable",
-    )
-    sim.add_argument("--run-id", help="run id in ground_truth")
-    sim.add_argument(
-        "--out", help="write JSON-lines files to this folder instead of Kafka (offline)"
-    )
-    sim.add_argument("--sim-seconds", type=float, help="with --out: simulated seconds to generate")
-    sim.add_argument("--no-ground-truth", action="store_true", help="do not write ground_truth")
-    sim.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    _kafka_args(sim)
-
-    rep = sub.add_parser("replay", help="send recorded telemetry (JSON lines or CSV) to Kafka")
-    rep.add_argument("file", help="a .jsonl/.json file (one event a line) or a .csv file")
-    rep.add_argument(
-        "--map",
-        action="append",
-        default=[],
-        metavar="FIELD=COLUMN,...",
-        help="contract field = source column, e.g. device_id=dev,event_time=ts",
-    )
-    rep.add_argument(
-        "--speed", type=float, default=0.0, help="speed factor on event-time gaps; 0 = max speed"
-    )
-    rep.add_argument(
-        "--register", action="store_true", help="add replayed device ids to the registry"
-    )
-    _kafka_args(rep)
-
-    regp = sub.add_parser("registry", help="create or change the device registry")
-    regsub = regp.add_subparsers(dest="action", required=True)
-    create = regsub.add_parser("create", help="write a new Faker fleet to the devices table")
-    create.add_argument("--devices", type=int, help="fleet size")
-    create.add_argument("--seed", type=int, help="seed")
-    create.add_argument("--lake-root", help="root of the Delta tables")
-    change = regsub.add_parser(
-        "change", help="new owner, moved site or retired for some devices (a new version)"
-    )
-    change.add_argument("--count", type=int, default=10, help="devices to change")
-    change.add_argument("--seed", type=int, help="seed of the changes (default: random)")
-    change.add_argument("--lake-root", help="root of the Delta tables")
-
-    fw = sub.add_parser("firmware", help="publish an authorized firmware update")
-    fwsub = fw.add_subparsers(dest="action", required=True)
-    authorize = fwsub.add_parser(
-        "authorize", help="authorize FIRMWARE on DEVICE_ID (topic IOT_FIRMWARE_TOPIC)"
-    )
-    authorize.add_argument("device_id")
-    authorize.add_argument("firmware")
-    authorize.add_argument("--at", help="authorization time, ISO-8601 (default: now)")
-    _kafka_args(authorize)
-    return parser
+def kafka_options(func: F) -> F:
+    """The Kafka options of the commands that produce."""
+    for decorator in reversed((
+        setting(SimulatorSettings, "bootstrap_servers"),
+        setting(SimulatorSettings, "topic"),
+        click.option("--kafka-option", multiple=True, metavar="KEY=VALUE",
+                     help="librdkafka option, repeatable (e.g. security.protocol=SASL_SSL); "
+                     "wins over IOT_SIM_KAFKA_OPTIONS."),
+        setting(SimulatorSettings, "partitions"),
+    )):  # fmt: skip
+        func = decorator(func)
+    return func
 
 
-def _pairs(items: list[str], what: str) -> dict[str, str]:
+def _pairs(items: Sequence[str], what: str) -> dict[str, str]:
     result: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError(f"{what} expects KEY=VALUE, got {item!r}")
+            raise click.BadParameter(f"expects KEY=VALUE, got {item!r}", param_hint=what)
         result[key.strip()] = value.strip()
     return result
 
 
-def settings_from(args: argparse.Namespace) -> SimulatorSettings:
-    """Environment settings with the command-line options on top."""
-    names = {
-        "devices": "devices", "seed": "seed", "rate": "rate", "accelerate": "accelerate",
-        "duration": "duration", "count": "count", "start_time": "start_time",
-        "scenarios": "scenarios", "scenario_rate": "scenario_rate", "run_id": "run_id",
-        "bootstrap_servers": "bootstrap_servers", "topic": "topic", "partitions": "partitions",
-        "lake_root": "lake_root",
-    }  # fmt: skip
-    overrides: dict[str, Any] = {
-        field: getattr(args, arg) for arg, field in names.items()
-        if getattr(args, arg, None) is not None
-    }  # fmt: skip
-    if getattr(args, "no_scenarios", False):
-        overrides["scenarios"] = []
-    if getattr(args, "rate_of", None):
-        rates = _pairs(args.rate_of, "--rate-of")
-        try:
-            overrides["scenario_rates"] = {k: float(v) for k, v in rates.items()}
-        except ValueError:
-            raise ConfigError(f"--rate-of expects SCENARIO=NUMBER, got {args.rate_of}") from None
-    if getattr(args, "no_ground_truth", False):
-        overrides["write_ground_truth"] = False
-    settings = load_settings(SimulatorSettings, **overrides)
-    if getattr(args, "kafka_option", None):
-        options = {**settings.kafka_options, **_pairs(args.kafka_option, "--kafka-option")}
+def simulator_settings(**overrides: Any) -> SimulatorSettings:
+    """Environment settings with the command-line options on top (and ``--kafka-option``)."""
+    settings = settings_from(SimulatorSettings, **overrides)
+    given = click.get_current_context().params.get("kafka_option")
+    if given:
+        options = {**settings.kafka_options, **_pairs(given, "--kafka-option")}
         settings = settings.model_copy(update={"kafka_options": options})
     return settings
 
@@ -213,24 +118,67 @@ def _progress(stats: RunStats, sim: Simulation, final: bool) -> None:
     sys.stderr.flush()
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
+@command(epilog="Other settings: the IOT_SIM_* variables (iotfraud config).")
+@setting(SimulatorSettings, "devices")
+@setting(SimulatorSettings, "seed")
+@setting(SimulatorSettings, "rate")
+@setting(SimulatorSettings, "accelerate")
+@setting(SimulatorSettings, "duration")
+@setting(SimulatorSettings, "count")
+@setting(SimulatorSettings, "start_time")
+@setting(SimulatorSettings, "scenarios")
+@click.option("--no-scenarios", is_flag=True, help="Clean telemetry only.")
+@setting(SimulatorSettings, "scenario_rate")
+@click.option("--rate-of", multiple=True, metavar="SCENARIO=R",
+              help="Injections per simulated hour of one scenario, repeatable.")  # fmt: skip
+@setting(SimulatorSettings, "run_id")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Write JSON-lines files to this folder instead of Kafka (offline).")  # fmt: skip
+@click.option("--sim-seconds", type=click.FloatRange(min=0, min_open=True), default=3600.0,
+              show_default=True, help="With --out: simulated seconds to generate.")  # fmt: skip
+@click.option("--no-ground-truth", is_flag=True, help="Do not write ground_truth.")
+@click.option("--no-progress", is_flag=True, help="No progress line on stderr.")
+@kafka_options
+def simulate(
+    *,
+    no_scenarios: bool,
+    rate_of: tuple[str, ...],
+    out: Path | None,
+    sim_seconds: float,
+    no_ground_truth: bool,
+    no_progress: bool,
+    **_settings: object,
+) -> int:
+    """Generate telemetry with injected scenarios into Kafka (or files, with --out)."""
+    overrides: dict[str, Any] = {}
+    if no_scenarios:
+        overrides["scenarios"] = []
+    if rate_of:
+        rates = _pairs(rate_of, "--rate-of")
+        try:
+            overrides["scenario_rates"] = {k: float(v) for k, v in rates.items()}
+        except ValueError:
+            raise click.BadParameter(
+                f"expects SCENARIO=NUMBER, got {list(rate_of)}", param_hint="--rate-of"
+            ) from None
+    if no_ground_truth:
+        overrides["write_ground_truth"] = False
+    settings = simulator_settings(**overrides)
     registry = load_or_create_registry(settings)
-    if args.out:
+    if out is not None:
         # Files carry no key, and a text reader replaces invalid UTF-8: those two kinds of
         # malformed message would arrive as valid events there.
         reasons = [r for r in settings.malformed_reasons if r not in _KAFKA_ONLY_REASONS]
         settings = settings.model_copy(update={"malformed_reasons": reasons})
         sim = Simulation(settings, registry, start_time=settings.start_time)
-        seconds = args.sim_seconds or 3600.0
-        files = write_jsonl(sim.batches(sim_seconds=seconds, count=settings.count or None),
-                            args.out)  # fmt: skip
+        files = write_jsonl(sim.batches(sim_seconds=sim_seconds, count=settings.count or None),
+                            out)  # fmt: skip
         rows = sim.finish(sim.cut_at)
         if settings.write_ground_truth:
             from simulator.scenarios import write_ground_truth
 
             write_ground_truth(rows, settings.lake_root)
-        print(f"wrote {len(files)} JSON-lines files to {args.out}; {len(rows)} injections")
+        click.echo(f"wrote {len(files)} JSON-lines files to {out}; {len(rows)} injections")
         return 0
     check_producer_options(settings)
     ensure_topic(admin_config(settings), settings.topic, settings.partitions,
@@ -250,40 +198,51 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     sim = Simulation(settings, registry, start_time=start)
     with stop_on_signals() as stop:
         stats = run_simulation(
-            settings, sim, stop=stop, progress=None if args.no_progress else _progress
+            settings, sim, stop=stop, progress=None if no_progress else _progress
         )
-    print(stats.line(), flush=True)
+    click.echo(stats.line())
     if stats.first_error:
-        print(f"first delivery error: {stats.first_error}", file=sys.stderr)
+        error(f"first delivery error: {stats.first_error}")
     return 0 if stats.failures == 0 and stats.queued == 0 else 1
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
-    from simulator.replay import guess_device_type, parse_mapping, replay
+@command(epilog="Other settings: the IOT_SIM_* variables (iotfraud config).")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--map", "mappings", multiple=True, metavar="FIELD=COLUMN,...",
+              help="Contract field = source column, e.g. device_id=dev,event_time=ts.")  # fmt: skip
+@click.option("--speed", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Speed factor on event-time gaps; 0 = max speed.")  # fmt: skip
+@click.option("--register", is_flag=True, help="Add replayed device ids to the registry.")
+@kafka_options
+def replay(file: str, mappings: tuple[str, ...], speed: float, register: bool,
+           **_settings: object) -> int:  # fmt: skip
+    """Send recorded telemetry to Kafka: FILE is .jsonl/.json (one event a line) or .csv."""
+    from simulator.replay import guess_device_type, parse_mapping
+    from simulator.replay import replay as send_file
 
-    settings = settings_from(args)
+    settings = simulator_settings()
     try:
-        mapping = parse_mapping(args.map)
+        mapping = parse_mapping(list(mappings))
     except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint="--map") from None
     check_producer_options(settings)
     ensure_topic(admin_config(settings), settings.topic, settings.partitions,
                  settings.replication_factor)  # fmt: skip
     stats = RunStats()
     sender = Sender(producer_config(settings), settings.topic, stats)
     with stop_on_signals() as stop:
-        report = replay(
-            args.file,
+        report = send_file(
+            file,
             lambda key, value: sender.send([key], [value]),
             mapping=mapping,
-            speed=args.speed,
+            speed=speed,
             stop=stop.is_set,
         )
     sender.flush()
-    print(f"replayed {report.sent:,} events from {args.file}; rejected {report.rejected:,} rows")
+    click.echo(f"replayed {report.sent:,} events from {file}; rejected {report.rejected:,} rows")
     for row in report.examples:
-        print(f"  line {row.line}: {row.reason}: {row.raw}", file=sys.stderr)
-    if args.register and report.devices:
+        click.echo(f"  line {row.line}: {row.reason}: {row.raw}", err=True)
+    if register and report.devices:
         known = reg.read_registry(settings.lake_root)
         known_ids = set(known.column("device_id").to_pylist()) if known is not None else set()
         now = datetime.now(timezone.utc)
@@ -295,30 +254,44 @@ def cmd_replay(args: argparse.Namespace) -> int:
             for device_id, event in report.devices.items() if device_id not in known_ids
         ]  # fmt: skip
         reg.register_devices(settings.lake_root, rows)
-        print(f"registered {len(rows)} new devices")
+        click.echo(f"registered {len(rows)} new devices")
     if stats.failures or stats.queued:
-        print(f"delivery failures: {stats.failures}, undelivered: {stats.queued}", file=sys.stderr)
+        error(f"delivery failures: {stats.failures}, undelivered: {stats.queued}")
         return 1
     return 1 if report.rejected else 0
 
 
-def cmd_registry(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
-    if args.action == "create":
-        table = reg.build_registry(settings.devices, settings.seed)
-        reg.write_registry(table, settings.lake_root)
-        print(f"registry: {table.num_rows:,} devices written under {settings.lake_root}")
-        return 0
-    seed = args.seed if args.seed is not None else int(datetime.now().timestamp())
+@group()
+def registry() -> None:
+    """Create or change the device registry."""
+
+
+@registry.command()
+@setting(SimulatorSettings, "devices")
+@setting(SimulatorSettings, "seed")
+def create(**_settings: object) -> None:
+    """Write a new Faker fleet to the devices table."""
+    settings = simulator_settings()
+    table = reg.build_registry(settings.devices, settings.seed)
+    reg.write_registry(table, settings.lake_root)
+    click.echo(f"registry: {table.num_rows:,} devices written under {settings.lake_root}")
+
+
+@registry.command()
+@click.option("--count", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Devices to change.")  # fmt: skip
+@click.option("--seed", type=int, help="Seed of the changes (default: random).")
+def change(count: int, seed: int | None) -> None:
+    """New owner, moved site or retired for some devices (a new version of the registry)."""
+    settings = simulator_settings()
+    seed = seed if seed is not None else int(datetime.now().timestamp())
     try:
-        changed = reg.change_devices(settings.lake_root, args.count, seed)
+        changed = reg.change_devices(settings.lake_root, count, seed)
     except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"registry: {changed.num_rows} devices changed")
+        raise ConfigError(str(exc)) from None
+    click.echo(f"registry: {changed.num_rows} devices changed")
     for row in changed.select(["device_id", "owner", "status", "site_address"]).to_pylist():
-        print("  " + json.dumps(row))
-    return 0
+        click.echo("  " + json.dumps(row))
 
 
 def firmware_update(device_id: str, firmware: str, at: datetime) -> bytes:
@@ -330,37 +303,50 @@ def firmware_update(device_id: str, firmware: str, at: datetime) -> bytes:
     return json.dumps(body).encode()
 
 
-def cmd_firmware(args: argparse.Namespace) -> int:
+@group()
+def firmware() -> None:
+    """Publish authorized firmware updates."""
+
+
+@firmware.command()
+@click.argument("device_id")
+@click.argument("firmware_version", metavar="FIRMWARE")
+@click.option("--at", metavar="ISO-8601",
+              help="Authorization time (default: now; UTC without an offset).")  # fmt: skip
+@kafka_options
+def authorize(device_id: str, firmware_version: str, at: str | None,
+              **_settings: object) -> None:  # fmt: skip
+    """Authorize FIRMWARE on DEVICE_ID (published to IOT_FIRMWARE_TOPIC)."""
     from confluent_kafka import Producer
 
-    settings = settings_from(args)
+    settings = simulator_settings()
     if not settings.firmware_topic:
         raise ConfigError("IOT_FIRMWARE_TOPIC is empty: set it to the topic of authorized updates")
     try:
-        at = datetime.fromisoformat(args.at) if args.at else datetime.now(timezone.utc)
+        when = datetime.fromisoformat(at) if at else datetime.now(timezone.utc)
     except ValueError:
-        raise ConfigError(f"--at expects an ISO-8601 time, got {args.at!r}") from None
-    at = at if at.tzinfo else at.replace(tzinfo=timezone.utc)
+        raise click.BadParameter(
+            f"expects an ISO-8601 time, got {at!r}", param_hint="--at"
+        ) from None
+    when = when if when.tzinfo else when.replace(tzinfo=timezone.utc)
     check_producer_options(settings)
     ensure_topic(admin_config(settings), settings.firmware_topic, 1, settings.replication_factor)
     producer = Producer(producer_config(settings))
-    producer.produce(settings.firmware_topic, key=args.device_id.encode(),
-                     value=firmware_update(args.device_id, args.firmware, at))  # fmt: skip
+    producer.produce(settings.firmware_topic, key=device_id.encode(),
+                     value=firmware_update(device_id, firmware_version, when))  # fmt: skip
     if producer.flush(30):
-        print(f"error: the update was not delivered to {settings.bootstrap_servers}",
-              file=sys.stderr)  # fmt: skip
-        return 1
-    print(f"authorized firmware {args.firmware} on {args.device_id} at {at.isoformat()}")
-    return 0
+        raise click.ClickException(f"the update was not delivered to {settings.bootstrap_servers}")
+    click.echo(f"authorized firmware {firmware_version} on {device_id} at {when.isoformat()}")
+
+
+@group(PROG)
+def cli() -> None:
+    """The telemetry simulator (``python -m simulator``; the same commands as ``iotfraud``)."""
+
+
+for _command in (simulate, replay, registry, firmware):
+    cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    configure_logging(args.verbose)
-    commands = {"simulate": cmd_simulate, "replay": cmd_replay, "registry": cmd_registry,
-                "firmware": cmd_firmware}  # fmt: skip
-    try:
-        return commands[args.command](args)
-    except SetupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return run(cli, argv)

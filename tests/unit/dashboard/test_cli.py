@@ -191,7 +191,7 @@ def test_listening_beyond_loopback_without_sign_in_is_warned_about(
 ) -> None:
     monkeypatch.setenv("IOT_DASH_AUTH_FILE", str(user_file) if signed_in else "")
     monkeypatch.setattr("infra.processes.start_child", lambda *a: ExitedServer())
-    monkeypatch.setattr(cli, "configure_logging", lambda verbose: None)
+    monkeypatch.setattr("infra.commandline.configure_logging", lambda verbose: None)
     with caplog.at_level("INFO", logger="dashboard.cli"):
         assert cli.main(["--address", address]) == 0
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
@@ -201,9 +201,10 @@ def test_listening_beyond_loopback_without_sign_in_is_warned_about(
 
 
 def test_hash_password_reads_stdin_and_prints_a_user_file_line(
-    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.hash_password_main(["ana"], stdin=io.StringIO("correct horse battery\n")) == 0
+    monkeypatch.setattr("sys.stdin", io.StringIO("correct horse battery\n"))
+    assert cli.main(["hash-password", "ana"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1
     assert "correct horse" not in out
@@ -221,10 +222,11 @@ def test_hash_password_asks_twice_on_a_terminal(
 
     answers = iter(["first password", "other password"])
     monkeypatch.setattr("getpass.getpass", lambda prompt: next(answers))
-    assert cli.hash_password_main(["ana"], stdin=Terminal()) == 2
+    monkeypatch.setattr("sys.stdin", Terminal())
+    assert cli.main(["hash-password", "ana"]) == 2
     assert "differ" in capsys.readouterr().err
     answers = iter(["same password", "same password"])
-    assert cli.hash_password_main(["ana"], stdin=Terminal()) == 0
+    assert cli.main(["hash-password", "ana"]) == 0
     users = auth.parse_users(capsys.readouterr().out)
     assert auth.authenticate(users, "ana", "same password")
 
@@ -239,9 +241,14 @@ def test_hash_password_asks_twice_on_a_terminal(
     ],
 )
 def test_hash_password_refuses_bad_input(
-    capsys: pytest.CaptureFixture[str], argv: list[str], stdin: str, message: str
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    stdin: str,
+    message: str,
 ) -> None:
-    assert cli.hash_password_main(argv, stdin=io.StringIO(stdin)) == 2
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    assert cli.main(["hash-password", *argv]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert message in captured.err

@@ -375,7 +375,7 @@ def run(cli: click.Command, argv: Sequence[str] | None = None, prog: str = PROG)
         # blocks have stopped its children. Nothing more to print, and nowhere to print it.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILURE
-    except SystemExit as exc:  # a command that parses its own arguments (argparse)
+    except SystemExit as exc:  # a command, or a library it calls, that exits on its own
         if exc.code is None:
             return EXIT_OK
         return exc.code if isinstance(exc.code, int) else EXIT_FAILURE

@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from infra.commandline import PROG, Group, Invocation, command, invocation, run
+from infra.commandline import PROG, Group, Invocation, run
 
 # command -> (module:attribute of its Click command, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -36,7 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dashboard": ("dashboard.cli:cli", "the Streamlit dashboard"),
     "sql": ("iotfraud.sql:sql", 'Spark SQL over the lake\'s tables: iotfraud sql "SELECT ..."'),
     "config": ("iotfraud.config:config", "print every setting with its variable and default"),
-    "demo": ("iotfraud.cli:demo", "run the whole demo"),
+    "demo": ("iotfraud.demo:demo", "run the whole demo"),
 }
 
 
@@ -66,20 +66,6 @@ def cli() -> None:
     Settings come from the environment and from ./.env (`iotfraud config` lists them); the
     environment wins. Exit status: 0 ok, 1 the command failed, 2 a usage error or a bad setting.
     """
-
-
-@command(
-    "demo",
-    add_help_option=False,
-    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def demo(args: tuple[str, ...]) -> int:
-    """Run the whole demo; `iotfraud demo --help` lists its options."""
-    from iotfraud import demo as whole_demo
-
-    # The demo parses its own options (and -v, which the global option has taken).
-    return whole_demo.main([*(["-v"] if invocation().verbose else []), *args])
 
 
 def parse(args: list[str]) -> click.Context:

@@ -7,7 +7,6 @@ cleanly on Ctrl-C (or after ``--duration`` seconds, ending with a summary).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -15,14 +14,17 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import click
+
 from infra import contract as c
 from infra import lake, stack
+from infra.commandline import command, invocation, run
 from infra.kafka_client import ensure_topic
-from infra.logs import configure_logging
 from infra.mlflow_store import tracking_uri
 from infra.model_trust import DIGEST_TAG
 from infra.processes import Children, Stopped, run_child, stop_signals
@@ -320,48 +322,80 @@ def scenario_timing(bounded: bool) -> dict[str, str]:
     return {k: v for k, v in timing.items() if k not in os.environ}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="iotfraud demo", description=__doc__)
-    parser.add_argument("--duration", type=float, default=0, help="stop after N seconds")
-    parser.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
-    parser.add_argument("--devices", type=int, default=2000, help="fleet size of a new registry")
-    parser.add_argument(
-        "--accelerate",
-        type=float,
-        default=1.0,
-        help="simulated seconds per wall second (1 = real time; more shows more scenarios)",
-    )
-    parser.add_argument("--seed", type=int, help="seed of the telemetry (default: new each run)")
-    parser.add_argument(
-        "--train-devices",
-        type=int,
-        default=150,
-        help="fleet size of the first model's history (when none is registered)",
-    )
-    parser.add_argument(
-        "--train-hours",
-        type=float,
-        default=2.0,
-        help="simulated hours of the first model's history",
-    )
-    parser.add_argument(
-        "--no-train",
-        action="store_true",
-        help="do not train a first model (the pipeline runs its rules only)",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    log_file = configure_logging(args.verbose)
-    if args.accelerate != 1.0 and not args.duration:
-        parser.error("--accelerate needs --duration (so the simulated clock ends near now)")
+@dataclass(frozen=True)
+class DemoOptions:
+    """The demo's command line (``demo``)."""
 
+    duration: float
+    no_dashboard: bool
+    devices: int
+    accelerate: float
+    seed: int | None
+    train_devices: int
+    train_hours: float
+    no_train: bool
+    verbose: bool
+
+
+@command("demo")
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    help="Stop after N seconds (0: run until Ctrl-C).",
+)
+@click.option("--no-dashboard", is_flag=True, help="Do not start the dashboard.")
+@click.option(
+    "--devices",
+    type=click.IntRange(min=1),
+    default=2000,
+    show_default=True,
+    help="Fleet size of a new registry.",
+)
+@click.option(
+    "--accelerate",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Simulated seconds per wall second (1 = real time; more shows more "
+    "scenarios); needs --duration.",
+)
+@click.option("--seed", type=int, help="Seed of the telemetry (default: new each run).")
+@click.option(
+    "--train-devices",
+    type=click.IntRange(min=1),
+    default=150,
+    show_default=True,
+    help="Fleet size of the first model's history (when none is registered).",
+)
+@click.option(
+    "--train-hours",
+    type=click.FloatRange(min=0, min_open=True),
+    default=2.0,
+    show_default=True,
+    help="Simulated hours of the first model's history.",
+)
+@click.option(
+    "--no-train",
+    is_flag=True,
+    help="Do not train a first model (the pipeline runs its rules only).",
+)
+def demo(**options: Any) -> int:
+    """Run the whole demo: a Kafka broker, a first model, the simulator, the pipeline and the
+    dashboard, until --duration or Ctrl-C; then a summary of what was detected."""
+    current = invocation()
+    args = DemoOptions(**options, verbose=current.verbose)
+    if args.accelerate != 1.0 and not args.duration:
+        raise click.UsageError(
+            "--accelerate needs --duration (so the simulated clock ends near now)"
+        )
     stack_settings, common = load_settings(StackSettings), load_settings(CommonSettings)
     # A broker the demo starts is the demo's: it stops with it. One started before (`iotfraud
     # stack up`) keeps running.
     own_broker = not stack.local_broker(stack_settings).is_running()
     try:
         with stop_signals():  # until the children run, any stop signal ends the demo at once
-            return run_demo(args, stack_settings, common, log_file)
+            return run_demo(args, stack_settings, common, current.log_file)
     except Stopped as stopped:
         print(f"demo stopped ({stopped}) before the pipeline started", file=sys.stderr)
         return 1
@@ -370,8 +404,13 @@ def main(argv: list[str] | None = None) -> int:
             log.info("stopped the Kafka broker the demo started")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``iotfraud demo`` (also ``python -m iotfraud.demo``)."""
+    return run(demo, argv, prog="iotfraud demo")
+
+
 def run_demo(
-    args: argparse.Namespace,
+    args: DemoOptions,
     stack_settings: StackSettings,
     common: CommonSettings,
     log_file: Path | None = None,
@@ -416,13 +455,13 @@ def run_demo(
             children.stop()
 
 
-def verbose(args: argparse.Namespace) -> list[str]:
+def verbose(args: DemoOptions) -> list[str]:
     """The children's options for the demo's ``-v``."""
     return ["-v"] if args.verbose else []
 
 
 def supervise(
-    args: argparse.Namespace,
+    args: DemoOptions,
     env: dict[str, str],
     bootstrap_servers: str,
     common: CommonSettings,

@@ -32,6 +32,9 @@ from simulator.settings import SimulatorSettings, redact
 from simulator.telemetry import Batch, Simulation
 
 log = logging.getLogger(__name__)
+# librdkafka's own lines (a broker that cannot be reached, ...) go to Python's logging, so to the
+# log file, not straight to the terminal; the simulator reports failed deliveries itself.
+RDKAFKA_LOG = logging.getLogger("librdkafka")
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
@@ -55,6 +58,7 @@ def producer_config(settings: SimulatorSettings) -> dict[str, Any]:
     conf.update(librdkafka_options(settings))
     conf.update(settings.kafka_options)
     conf["bootstrap.servers"] = settings.bootstrap_servers
+    conf["logger"] = RDKAFKA_LOG
     return conf
 
 
@@ -63,6 +67,7 @@ def admin_config(settings: SimulatorSettings) -> dict[str, Any]:
         **librdkafka_options(settings),
         **settings.kafka_options,
         "bootstrap.servers": settings.bootstrap_servers,
+        "logger": RDKAFKA_LOG,
     }
 
 

@@ -31,6 +31,7 @@ def test_environment_lists_dicts_and_kafka_options(monkeypatch: pytest.MonkeyPat
     assert conf["bootstrap.servers"] == "broker:9093"
     assert conf["security.protocol"] == "SASL_SSL" and conf["linger.ms"] == "5"
     assert conf["enable.idempotence"] is True and conf["acks"] == "all"
+    assert conf["logger"].name == "librdkafka"  # its lines go to the log file, not the terminal
     assert redact(settings.kafka_options)["sasl.password"] == "***"
     assert "s3cret" not in repr(redact(settings.kafka_options))
 

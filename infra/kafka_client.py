@@ -156,15 +156,14 @@ def read_topic(conf: dict[str, Any], topic: str, timeout_s: float = 60.0) -> lis
     consumer = Consumer({**conf, "group.id": f"iotfraud-read-{uuid.uuid4()}",
                          "enable.auto.commit": False})  # fmt: skip
     try:
+        deadline = time.monotonic() + timeout_s
         partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
         # From the oldest offset retention kept to the end.
-        marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
-                 for p in partitions}  # fmt: skip
+        marks = {p: _watermarks(consumer, TopicPartition(topic, p), deadline) for p in partitions}
         ends = {p: high for p, (_, high) in marks.items()}
         consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in marks.items()])
         found: list[Any] = []
         read = {p: low for p, (low, _) in marks.items()}
-        deadline = time.monotonic() + timeout_s
         while any(read[p] < ends[p] for p in partitions):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"topic {topic}: read to offsets {read} of {ends}")
@@ -178,3 +177,22 @@ def read_topic(conf: dict[str, Any], topic: str, timeout_s: float = 60.0) -> lis
         return found
     finally:
         consumer.close()
+
+
+def _watermarks(consumer: Any, partition: Any, deadline: float) -> tuple[int, int]:
+    """(low, high) offsets of ``partition``. A client that has just started may not know the
+    partition yet (``_UNKNOWN_PARTITION``, seen on a loaded machine): asked again until
+    ``deadline``."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                partition, timeout=max(1.0, deadline - time.monotonic())
+            )
+            return int(low), int(high)
+        except KafkaException as exc:
+            unknown = exc.args[0].code() == KafkaError._UNKNOWN_PARTITION
+            if not unknown or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)

@@ -160,10 +160,11 @@ def test_per_event_alerts_reach_the_topic_with_the_windowed_ids(
                           for m, _ in messages)  # fmt: skip
         wait_for(lambda: logged() == expected, "fast_alerts differs from the topic", proc, log,
                  timeout_s=60)  # fmt: skip
-        stop(proc)
-        assert proc.returncode == 0, log.read_text()[-3000:]
-
-        # Sent while the pipeline is down: alerted once it is back (at least once).
+        # Killed (SIGKILL, no clean stop); events sent while it is down are alerted once it
+        # is back, and what the fast path read since its last commit (none: the interval is
+        # 30 minutes) is read and published again: at least once, exactly as documented.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
         late = device_series("rogue", base + timedelta(seconds=10), 3, every_s=1)
         produce(bootstrap, topic, encoded(late))
         proc = start()
@@ -179,29 +180,13 @@ def test_per_event_alerts_reach_the_topic_with_the_windowed_ids(
         wait_for(lambda: wanted <= {event for event, _ in copies()},
                  "events sent while the pipeline was down were not alerted", proc, log,
                  timeout_s=240)  # fmt: skip
-        after_stop = copies()
-
-        # Killed (SIGKILL, no clean stop): what the fast path read since its last commit is
-        # read and published again; nothing is lost.
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        killed = device_series("rogue", base + timedelta(seconds=20), 2, every_s=1)
-        produce(bootstrap, topic, encoded(killed))
-        proc = start()
-        wanted |= {e["event_id"] for e in killed}
-        wait_for(lambda: wanted <= {event for event, _ in copies()},
-                 "events sent after a SIGKILL were not alerted", proc, log,
-                 timeout_s=240)  # fmt: skip
         time.sleep(5)  # let any replayed copies arrive
         after_kill = copies()
-        # At least once, exactly as documented: a start publishes again everything the fast
-        # path read since its last commit (none here), whether it stopped cleanly or was killed.
-        first_run = {k for k in after_stop if k[0] in offending}
-        assert len(first_run) == 2 * len(offending)
-        assert {after_stop[k] for k in first_run} == {2}
-        assert {after_stop[k] for k in set(after_stop) - first_run} == {1}
-        expected = {k: (3 if k in first_run else 2 if k in after_stop else 1) for k in after_kill}
-        assert after_kill == expected
+        expected_copies = {k: 2 if k[0] in offending else 1 for k in after_kill}
+        assert after_kill == expected_copies
         assert len(after_kill) == 2 * len(wanted)
+        # A clean stop ends the run (a restart after one replays the same way: the README).
+        stop(proc)
+        assert proc.returncode == 0, log.read_text()[-3000:]
     finally:
         stop(proc)

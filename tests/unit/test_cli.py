@@ -212,7 +212,7 @@ def test_the_installed_command_and_python_m_agree(tmp_path: Path) -> None:
     env = {**os.environ, "IOT_STACK_STATE_DIR": str(tmp_path / "state")}
     common = ["--devices", "5", "--count", "10", "--start-time", "2026-01-05T00:00:00Z"]
     runs = {
-        "iotfraud": [str(ROOT / ".venv" / "bin" / "iotfraud"), "-v", "simulate"],
+        "iotfraud": [str(Path(sys.executable).parent / "iotfraud"), "-v", "simulate"],
         "python -m simulator": [sys.executable, "-m", "simulator", "simulate", "-v"],
     }
     for name, argv in runs.items():
@@ -226,7 +226,7 @@ def test_the_installed_command_and_python_m_agree(tmp_path: Path) -> None:
         assert "DEBUG" in result.stderr  # -v reached the command
         assert (out / "lake" / "devices").is_dir()
     bad = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "iotfraud"), "simulate", "-v", "--nope"],
+        [str(Path(sys.executable).parent / "iotfraud"), "simulate", "-v", "--nope"],
         capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path, env=env,
     )  # fmt: skip
     assert bad.returncode == 2

@@ -183,7 +183,8 @@ def read_alerts(
         in_filter("model_version", model_versions),
         in_filter("alert_id", alert_ids),
     )
-    wanted = None if columns is None else [*columns, "status"]
+    # ``status`` is read to leave withdrawn alerts out, once even when ``columns`` names it.
+    wanted = None if columns is None else list(dict.fromkeys([*columns, "status"]))
     frame = read_table(lake_root, lake.ALERTS, columns=wanted, where=where)
     if not withdrawn and "status" in frame.columns:
         frame = frame.filter(pl.col("status").ne_missing(c.ALERT_WITHDRAWN))
@@ -512,13 +513,25 @@ def downsample(
 
 
 def map_points(
-    devices: pl.DataFrame, alerts: pl.DataFrame, positions: pl.DataFrame
+    devices: pl.DataFrame,
+    alerts: pl.DataFrame,
+    positions: pl.DataFrame,
+    silent: pl.DataFrame | None = None,
+    now: datetime | None = None,
 ) -> pl.DataFrame:
     """One point per device to draw: registered sites plus alerted devices not in the registry.
 
-    Output: ``device_id, device_type, lat, lon, registered, alerts, worst_severity``; devices
-    with no known position are left out.
+    ``silent``: ``silent_now``'s devices (none when None), whatever ``alerts``' time range.
+
+    Output: ``device_id, device_type, lat, lon, registered, alerts, worst_severity,
+    silent_since`` and ``silence`` ("silent since 14:05 UTC", see ``since_text``; null for a
+    device not silent now); devices with no known position are left out.
     """
+    if silent is None:
+        silent = pl.DataFrame(schema={"device_id": pl.String, "silent_since": UTC_POLARS})
+    silences = silent.select("device_id", "silent_since").with_columns(
+        ("silent since " + since_text(pl.col("silent_since"), now or utcnow())).alias("silence")
+    )
     counts = alerts.group_by("device_id").agg(
         pl.len().alias("alerts"),
         pl.col("severity")
@@ -551,8 +564,140 @@ def map_points(
             .alias("worst_severity"),
         )
         .drop("_rank")
+        .join(silences, on="device_id", how="left")
         .filter(pl.col("lat").is_not_null() & pl.col("lon").is_not_null())
     )
+
+
+# --- Silent devices (``pipeline.silence``) ------------------------------------------------------
+# A ``device_silent`` alert runs from the device's last reading (``first_event_time``) to the time
+# it was heard from again (``window_end``): null while it is still silent.
+DEVICE_SILENT = "device_silent"
+SILENCE_COLUMNS = (
+    "alert_id", "device_id", "alert_type", "window_start", "window_end", "first_event_time",
+    "last_event_time", "status",
+)  # fmt: skip
+# What an ongoing silence's missing ``window_end`` reads as.
+STILL_SILENT = "still silent"
+# A silence that began longer ago than this is labelled with its date too, not only its time.
+TIME_ONLY_WITHIN = timedelta(hours=12)
+UTC_POLARS = pl.Datetime("us", "UTC")
+
+
+def read_silences(lake_root: str) -> pl.DataFrame:
+    """Every ``device_silent`` alert (``SILENCE_COLUMNS``), whatever its window and status: a
+    device silent for days is silent now, whatever the page's time range."""
+    return read_alerts(
+        lake_root, alert_types=[DEVICE_SILENT], columns=SILENCE_COLUMNS, withdrawn=True
+    )
+
+
+def silent_now(silences: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
+    """The registered devices silent now, one row each: ``device_id, silent_since, alert_id``,
+    the longest silent first.
+
+    A device is silent now when it has a standing ``device_silent`` alert (status raised, or
+    null in rows written before the column existed; not withdrawn) that has not ended: no row
+    of that alert has a ``window_end``. ``silent_since`` is the device's last reading
+    (``first_event_time``, else the window start); of two such alerts, the later one's (the
+    device was heard from at that reading). Alerts of other types and devices not in
+    ``devices`` (the registry) are left out.
+
+    Input: alert rows with ``SILENCE_COLUMNS`` (``status`` and ``first_event_time`` may be
+    missing, as in a lake written before them).
+    """
+    silences = _with_alert_columns(silences, SILENCE_COLUMNS)
+    registered = devices.select(pl.col("device_id").cast(pl.String)).unique()
+    return (
+        silences.filter(pl.col("alert_type") == DEVICE_SILENT)
+        .filter(pl.col("window_end").is_null().all().over("alert_id"))
+        .filter(pl.col("status").ne_missing(c.ALERT_WITHDRAWN) & pl.col("device_id").is_not_null())
+        .join(registered, on="device_id", how="semi")
+        .select(
+            "device_id",
+            pl.coalesce("first_event_time", "window_start").alias("silent_since"),
+            "alert_id",
+        )
+        .sort("silent_since", "alert_id", nulls_last=False)
+        .group_by("device_id", maintain_order=True)
+        .last()
+        .sort("silent_since", "device_id", nulls_last=True)
+    )
+
+
+def _with_alert_columns(frame: pl.DataFrame, names: Sequence[str]) -> pl.DataFrame:
+    """``frame`` with the ``alerts`` columns ``names`` it lacks added as nulls of their type."""
+    missing = empty_frame(c.ALERTS_COLUMNS, [n for n in names if n not in frame.columns])
+    return frame.with_columns(pl.lit(None, dtype).alias(n) for n, dtype in missing.schema.items())
+
+
+def since_text(since: pl.Expr, now: datetime) -> pl.Expr:
+    """``14:05 UTC``, or ``2026-11-25 14:05 UTC`` for a time ``TIME_ONLY_WITHIN`` or longer
+    before ``now`` (a time alone would read as today's)."""
+    recent = since > pl.lit(now - TIME_ONLY_WITHIN, UTC_POLARS)
+    text = (
+        pl.when(recent)
+        .then(since.dt.strftime("%H:%M"))
+        .otherwise(since.dt.strftime("%Y-%m-%d %H:%M"))
+    )
+    return text + " UTC"
+
+
+def is_ongoing_silence(alert: dict[str, Any]) -> bool:
+    """Whether ``alert`` (a row of ``alerts``) is a silence that has not ended."""
+    return alert.get("alert_type") == DEVICE_SILENT and alert.get("window_end") is None
+
+
+def alert_end(alert: dict[str, Any], now: datetime) -> datetime | None:
+    """Where ``alert``'s window ends on a chart: its ``window_end``; ``now`` for a silence that
+    has not ended; else its start (a window with no end recorded)."""
+    if alert.get("window_end") is not None:
+        end: datetime = alert["window_end"]
+        return end
+    return now if is_ongoing_silence(alert) else alert.get("window_start")
+
+
+def duration_text(span: timedelta) -> str:
+    """``45 s``, ``4 min 10 s``, ``2 h 5 min`` or ``3 d 4 h`` (whole units, rounded down)."""
+    seconds = max(0, int(span.total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min {seconds} s"
+    return f"{seconds} s"
+
+
+def silence_sentence(alert: dict[str, Any], now: datetime) -> str | None:
+    """How long a ``device_silent`` alert's device was or is silent; None for other types."""
+    if alert.get("alert_type") != DEVICE_SILENT:
+        return None
+    since: datetime | None = alert.get("first_event_time") or alert.get("window_start")
+    end: datetime | None = alert.get("window_end")
+    if since is None:
+        return "Still silent" if end is None else f"Heard from again at {end:%Y-%m-%d %H:%M:%S} UTC"
+    if end is None:
+        return (
+            f"Still silent: no reading since {since:%Y-%m-%d %H:%M:%S} UTC "
+            f"({duration_text(now - since)})"
+        )
+    return (
+        f"Silent for {duration_text(end - since)}: no reading from {since:%Y-%m-%d %H:%M:%S} "
+        f"until {end:%Y-%m-%d %H:%M:%S} UTC"
+    )
+
+
+def alert_field_table(alert: dict[str, Any]) -> pl.DataFrame:
+    """``as_field_table`` of an alert without its reasons (shown apart); an ongoing silence's
+    missing ``window_end`` reads ``STILL_SILENT``."""
+    fields = {k: v for k, v in alert.items() if k != "reasons"}
+    if is_ongoing_silence(alert):
+        fields["window_end"] = STILL_SILENT
+    return as_field_table(fields)
 
 
 # --- Pipeline health and evaluation --------------------------------------------------------------

@@ -125,6 +125,17 @@ def feedback(settings: DashboardSettings) -> pl.DataFrame:
     return frame
 
 
+def silences(settings: DashboardSettings) -> pl.DataFrame:
+    """``data.read_silences``: every ``device_silent`` alert, whatever the time range."""
+    frame: pl.DataFrame = _run(settings, "read_silences")
+    return frame
+
+
+def silent_devices(settings: DashboardSettings) -> pl.DataFrame:
+    """``data.silent_now``: the registered devices silent now, whatever the time range."""
+    return data.silent_now(silences(settings), devices(settings))
+
+
 def devices(settings: DashboardSettings) -> pl.DataFrame:
     """``data.read_devices``: the registry."""
     frame: pl.DataFrame = _run(settings, "read_devices")

@@ -93,16 +93,26 @@ REASONS = (
 # --- Scenarios the simulator injects, and the alert types that detect them -----------------------
 SCENARIOS = (
     "tampering", "spike", "dip", "stuck_sensor", "drift", "impossible_travel", "cloned_device",
-    "replay", "flood", "rogue_device", "firmware_change", "clock_skew", "malformed",
+    "replay", "flood", "rogue_device", "firmware_change", "clock_skew", "malformed", "silence",
+    "store_and_forward",
 )  # fmt: skip
 # Fraud scenarios are the ones detection is scored on; clock_skew and malformed test robustness.
 FRAUD_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("clock_skew", "malformed"))
+# Scenarios seen in what a device did not send, or sent late (``pipeline.silence``), not in its
+# readings: no window shows them, so the model is neither trained nor scored on them.
+ABSENCE_SCENARIOS = ("silence", "store_and_forward")
 
 ALERT_TYPES = (
     "tampering", "spike", "dip", "stuck_sensor", "drift", "impossible_travel", "cloned_device",
     "replay", "flood", "rogue_device", "firmware_mismatch", "firmware_tamper", "model_anomaly",
-    "impossible_reading", "clock_ahead",
+    "impossible_reading", "clock_ahead", "device_silent", "late_burst",
 )  # fmt: skip
+# Alert types of the silence query (``pipeline.silence``): a device that stopped reporting, and
+# readings that arrived far behind the stream in a burst. A ``device_silent`` alert runs from the
+# device's last reading (``first_event_time``) to the time it was heard from again
+# (``window_end``, null while it is still silent); ``last_event_time`` is the stream's event time
+# when the silence was detected.
+SILENCE_ALERT_TYPES = ("device_silent", "late_burst")
 # Alert types one event decides: the fast path (pipeline.fastpath) raises them per event too.
 # impossible_reading and clock_ahead are raised from quarantined readings (reasons out_of_range
 # and clock_ahead) of registered devices: the reading stays out of the features, the device is
@@ -129,6 +139,8 @@ SCENARIO_ALERT_TYPES: dict[str, tuple[str, ...]] = {
     "flood": ("flood",),
     "rogue_device": ("rogue_device",),
     "firmware_change": ("firmware_mismatch", "firmware_tamper"),
+    "silence": ("device_silent",),
+    "store_and_forward": ("late_burst", "device_silent"),
     # Robustness scenarios: not scored for recall (most malformed messages raise no alert), but
     # the alerts they cause are true ones.
     "malformed": ("impossible_reading",),

@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 
 
 def simulate(fleet: Fleet, folder: Path) -> tuple[Path, pd.DataFrame]:
-    """Generate ``fleet.hours`` of the fleet with every fraud scenario into ``folder``, then a
-    quiet tail (``scenario_max_s``) in which the injections still running end.
+    """Generate ``fleet.hours`` of the fleet with every fraud scenario but the absence ones
+    (``infra.contract.ABSENCE_SCENARIOS``) into ``folder``, then a quiet tail
+    (``scenario_max_s``) in which the injections still running end.
 
     Writes the registry (a Delta table under ``folder/lake``) and the telemetry (JSON lines
     under ``folder/landing``); returns the lake root and the ground truth.
@@ -46,7 +47,8 @@ def simulate(fleet: Fleet, folder: Path) -> tuple[Path, pd.DataFrame]:
     settings = SimulatorSettings(
         devices=fleet.devices,
         seed=fleet.seed,
-        scenarios=list(c.FRAUD_SCENARIOS),
+        # Absence scenarios show in no window of readings: the model learns nothing from them.
+        scenarios=[s for s in c.FRAUD_SCENARIOS if s not in c.ABSENCE_SCENARIOS],
         scenario_rate=fleet.scenario_rate,
         # A flood sends 20-60x a device's normal rate: a few are enough, many swamp the history.
         scenario_rates={"flood": fleet.scenario_rate / 10},

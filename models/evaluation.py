@@ -18,6 +18,9 @@ Pure functions on pandas frames (no Spark, no I/O). The rules of the game:
   true; they add no row. A ``clock_ahead`` alert is counted at the time its message was sent,
   which a simulation faster than real time does not map to its injection's (simulated) time: it
   matches a ``clock_skew`` injection on its device whatever the times.
+- A ``device_silent`` alert still open (no ``window_end``: the device has not reported since)
+  overlaps every injection on its device that ends after it starts. Its ``last_event_time`` is
+  when the silence was detected, so its time to detect is that of the silence too.
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ def _pairs(alerts: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
         ["injection_row", "device_id", "scenario", "start_time", "end_time"]
     ]
     pairs = left.merge(right, on="device_id", how="inner")
+    # No window_end: a silence still going on (``device_silent``), open to the future.
     overlap = (pairs["window_start"] < pairs["end_time"]) & (
-        pairs["window_end"] > pairs["start_time"]
+        pairs["window_end"].isna() | (pairs["window_end"] > pairs["start_time"])
     )
     return pairs[overlap | pairs["scenario"].isin(UNTIMED_SCENARIOS)]
 

@@ -346,6 +346,29 @@ class WrittenAlerts:
 Publish = Callable[[pd.DataFrame], None]
 
 
+def upsert_alerts(
+    spark: SparkSession,
+    alerts: pd.DataFrame,
+    batch_id: int,
+    *,
+    path: str,
+    publish: Publish | None = None,
+) -> None:
+    """MERGE ``alerts`` (DETECTOR_COLUMNS) by ``alert_id``, raised by ``batch_id`` now: new ones
+    inserted, changed ones updated, a replay changes nothing. With ``publish``, the rows the
+    MERGE changes, as the table will hold them, are published first. For detectors whose alerts
+    are few and final when raised, or updated by a later event (firmware, silence); windowed
+    detection keeps the table's rows in memory instead (``write_alerts``)."""
+    if alerts.empty:
+        return
+    rows = as_written(alerts, batch_id, batch_time())
+    earliest = pd.Timestamp(rows[col.WINDOW_START].min())
+    if publish is not None:
+        after, changed = after_merge(rows, table_rows(spark, path, rows["alert_id"], earliest))
+        publish(after[changed.to_numpy()])
+    merge_alerts(to_spark(spark, rows), path, earliest=earliest.to_pydatetime())
+
+
 def write_alerts(
     spark: SparkSession,
     raised: pd.DataFrame,

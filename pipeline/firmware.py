@@ -26,16 +26,7 @@ from pyspark.sql import functions as F
 from infra import contract as c
 from infra import lake
 from pipeline import columns as col
-from pipeline.alerts import (
-    Publish,
-    after_merge,
-    alert_frame,
-    as_written,
-    batch_time,
-    merge_alerts,
-    table_rows,
-    to_spark,
-)
+from pipeline.alerts import Publish, alert_frame, upsert_alerts
 from pipeline.features import firmware_differs, with_device
 from pipeline.sinks import idempotent_append, side_by_side
 
@@ -240,11 +231,6 @@ class TamperBatchWriter:
         windows = tamper_windows(batch, window=self.window).toPandas()
         if windows.empty:  # most batches: a MERGE of nothing would still plan, scan and commit
             return
-        rows = as_written(tamper_alerts(windows), batch_id, batch_time())
-        earliest = pd.Timestamp(rows[col.WINDOW_START].min())
         path = lake.table_path(self.lake_root, lake.ALERTS)
-        if self.publish is not None:
-            after, changed = after_merge(rows, table_rows(batch.sparkSession, path,
-                                                          rows["alert_id"], earliest))  # fmt: skip
-            self.publish(after[changed.to_numpy()])
-        merge_alerts(to_spark(batch.sparkSession, rows), path, earliest=earliest.to_pydatetime())
+        upsert_alerts(batch.sparkSession, tamper_alerts(windows), batch_id, path=path,
+                      publish=self.publish)  # fmt: skip

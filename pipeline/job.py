@@ -12,9 +12,13 @@ firmware:        firmware changes in telemetry LEFT JOIN firmware_updates (strea
 fast_path:       source -> parse -> valid and flagging events -> registry join -> per-event
                  rules -> alerts topic   (Real-time Mode, Kafka sink; see ``pipeline.fastpath``)
 fast_log:        alerts topic -> fast messages -> fast_alerts   (Delta sink, appends)
+silence:         source -> parse -> readings (+ the devices table as a stream) -> per bucket of
+                 devices, event-time timers -> device_silent, late_burst (foreachBatch, MERGE;
+                 see ``pipeline.silence``)
 
 The firmware queries run with the Kafka source when IOT_FIRMWARE_TOPIC is set; the fast path in
-live runs with an alerts topic (IOT_PIPELINE_FAST_PATH).
+live runs with an alerts topic (IOT_PIPELINE_FAST_PATH); the silence query unless
+IOT_PIPELINE_SILENCE is off.
 
 Ingest and detection read the topic each for itself. Detection so never waits for bronze to be
 committed and read back (the path every alert but replay takes is one pass from Kafka); the
@@ -30,7 +34,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +66,12 @@ from pipeline.publish import (
 from pipeline.rules import RuleThresholds
 from pipeline.scoring import ModelScorer
 from pipeline.settings import PipelineSettings, seconds
+from pipeline.silence import (
+    SILENCE_STATE_STORE,
+    SilenceBatchWriter,
+    silence_changes,
+    silence_input,
+)
 from pipeline.sinks import ensure_tables
 from pipeline.sources import kafka_connection_options, kafka_source, raw_source
 from pipeline.transforms import (
@@ -79,6 +90,8 @@ FIRMWARE_INGEST = "firmware_ingest"
 FIRMWARE = "firmware"
 FAST_PATH = "fast_path"
 FAST_LOG = "fast_log"
+SILENCE = "silence"
+STATE_STORE_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 
 def check_locations(settings: PipelineSettings) -> None:
@@ -316,6 +329,23 @@ class Pipeline:
         self.queries.append(query)
         return query
 
+    def start_silence(self) -> StreamingQuery:
+        """Silent devices and late bursts (``pipeline.silence``): the readings of the source and
+        the registry's changes (a Delta stream; ``ignoreChanges``: a registry update rewrites
+        files, whose rows come again, and only say each device's status once more)."""
+        s = self.settings
+        registry = (
+            self.spark.readStream.format("delta")
+            .option("ignoreChanges", "true")
+            .load(lake.table_path(s.lake_root, lake.DEVICES))
+        )
+        readings = events_and_flagged(self._parsed())
+        rows = silence_input(readings, registry, watermark=s.silence_watermark)
+        writer = SilenceBatchWriter(lake.table_path(s.lake_root, lake.ALERTS), self.publisher)
+        with session_conf(self.spark, STATE_STORE_CONF, SILENCE_STATE_STORE):
+            return self._start(silence_changes(rows, s.silence_spec()), SILENCE, writer,
+                               output_mode="update")  # fmt: skip
+
     def flush_metrics(self) -> None:
         self.listener.flush(self.spark)
 
@@ -377,6 +407,8 @@ def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
         pipeline.start_fast_path()
     pipeline.start_ingest()
     pipeline.start_detection()
+    if pipeline.settings.silence:
+        pipeline.start_silence()
     if pipeline.checks_firmware:
         pipeline.start_firmware()
     if pipeline.runs_fast_path:
@@ -384,6 +416,21 @@ def start(spark: SparkSession, settings: PipelineSettings) -> Pipeline:
     if pipeline.relay is not None:
         pipeline.relay.start()
     return pipeline
+
+
+@contextmanager
+def session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    """Set a Spark SQL conf while a query starts: a query takes the session's conf when it
+    starts (and keeps what its checkpoint recorded), so this one alone gets ``value``."""
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
 
 
 def runs_fast_path(settings: PipelineSettings) -> bool:
@@ -432,6 +479,8 @@ def run_available_now(
         pipeline.start_ingest().awaitTermination()
         pipeline.start_detection().awaitTermination()
         pipeline.finish_detection()
+        if settings.silence:
+            pipeline.start_silence().awaitTermination()
         if pipeline.checks_firmware:
             pipeline.start_firmware().awaitTermination()
     finally:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -12,6 +12,9 @@ from pydantic_settings import SettingsConfigDict
 from infra.kafka_client import java_client_options
 from infra.settings import CommonSettings
 from pipeline.profiles import ProfileSpec
+
+if TYPE_CHECKING:
+    from pipeline.silence import SilenceSpec
 
 _DURATION = re.compile(r"^\d+ (second|minute|hour)s?$")
 
@@ -136,6 +139,36 @@ class PipelineSettings(CommonSettings):
         description="processingTime interval of the query that records fast-path alerts in the "
         "fast_alerts table (what the dashboard compares with the windowed path)",
     )
+    silence: bool = Field(
+        default=True,
+        description="Run the silence query: device_silent when a registered device stops "
+        "reporting, late_burst when its readings arrive far behind the stream (README: silent "
+        "devices)",
+    )
+    silence_k: float = Field(
+        default=5.0,
+        gt=1,
+        description="A device is silent once this many of its expected intervals (learned from "
+        "its own readings) pass with no reading",
+    )
+    silence_prior_interval: str = Field(
+        default="60 seconds",
+        description="Expected reporting interval of a device whose own is not learned yet",
+    )
+    silence_type_intervals: dict[str, float] = Field(
+        default_factory=dict,
+        description="Expected reporting interval per device type in seconds, as JSON, where "
+        'known better than IOT_PIPELINE_SILENCE_PRIOR_INTERVAL, e.g. {"gps_tracker": 15}',
+    )
+    silence_watermark: str = Field(
+        default="10 seconds",
+        description="How far behind the newest event time a reading may arrive and still count "
+        "as on time for the silence query; later ones are late (late_burst). Its silences are "
+        "raised this much after they are due",
+    )
+    late_burst_min: int = Field(
+        default=10, ge=1, description="Late readings in a row from one device that raise late_burst"
+    )
     webhook_url: SecretStr = Field(
         default=SecretStr(""),
         description="POST every message of the alerts topic to this http(s) URL (README: "
@@ -186,6 +219,8 @@ class PipelineSettings(CommonSettings):
         "profile_span",
         "maintenance_interval",
         "vacuum_retention",
+        "silence_prior_interval",
+        "silence_watermark",
     )
     @classmethod
     def _duration(cls, value: str) -> str:
@@ -194,6 +229,21 @@ class PipelineSettings(CommonSettings):
                 f"expected a duration like '10 minutes' or '30 seconds', got {value!r}"
             )
         return value.strip()
+
+    @field_validator("silence_type_intervals")
+    @classmethod
+    def _positive_intervals(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {k: v for k, v in value.items() if not v > 0}
+        if bad:
+            raise ValueError(f"reporting intervals must be more than 0 seconds: {bad}")
+        return value
+
+    @field_validator("silence_prior_interval")
+    @classmethod
+    def _some_interval(cls, value: str) -> str:
+        if _DURATION.match(value.strip()) and seconds(value) <= 0:
+            raise ValueError(f"the prior interval must be more than 0 seconds, got {value!r}")
+        return value
 
     @field_validator("rule_thresholds")
     @classmethod
@@ -272,6 +322,17 @@ class PipelineSettings(CommonSettings):
             slide_s=seconds(self.slide),
             span_s=seconds(self.profile_span),
             min_windows=self.profile_min_windows,
+        )
+
+    def silence_spec(self) -> SilenceSpec:
+        """When a device is overdue, and what a late burst is (``pipeline.silence``)."""
+        from pipeline.silence import SilenceSpec
+
+        return SilenceSpec(
+            k=self.silence_k,
+            prior_s=float(seconds(self.silence_prior_interval)),
+            type_prior_s=dict(self.silence_type_intervals),
+            late_burst_min=self.late_burst_min,
         )
 
 

@@ -20,16 +20,26 @@ seen by 10-minute sliding windows. Outside injections, telemetry is clean.
   simulated clock lags the wall clock until its end).
 - malformed: every 10 s the device sends a message that is malformed in one way, labelled with the
   quarantine reason it must get (``infra.contract.REASON_*``).
+- silence: the device sends nothing for 5 minutes to an hour (log-uniform), then reports again; or
+  never does (the injection runs to the run's end).
+- store_and_forward: the device is offline for the window and keeps its readings; at the window's
+  end it sends them all in a burst, a few ms apart, byte for byte (original event_time and seq),
+  then reports normally again.
 
 A kind is a subclass of ``Scenario`` that overrides only what it does; the defaults do nothing.
 Its class holds, in this order:
 
 - selection: ``fits`` (which device types), ``device`` (a random free registered device, or a new
-  one), ``changes_readings`` (held back during a run's warm-up), ``may_start`` (when);
-- parameters: ``choose`` draws them; they are recorded in the ground truth's details;
+  one), ``changes_readings`` and ``withholds`` (held back during a run's warm-up), ``may_start``
+  (when);
+- parameters: ``lasts`` draws how long it runs (unless given), ``choose`` draws the others; they
+  are recorded in the ground truth's details;
 - effect on the telemetry: ``extra_reports`` (more readings: flood, cloned_device), ``number``
   (seq of its own readings), ``change`` (what it does to the readings of its window, which
-  ``apply`` then tags with the kind), ``messages`` (messages of its own: replay, malformed);
+  ``apply`` then tags with the kind), ``withholds`` (its device's own readings of the window,
+  the ones ``readings`` picks, are encoded but not sent: silence, store_and_forward; they reach
+  ``messages`` in ``Slice.withheld``), ``messages`` (messages of its own: replay, malformed, the
+  burst of store_and_forward);
 - ground truth: ``ground_truth_row``, the window clipped to where the run stopped.
 
 ``Simulation`` (``simulator.telemetry``) calls these hooks on every running injection, slice by
@@ -41,6 +51,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -112,10 +123,20 @@ class Placement:
     start: float  # simulated seconds
 
 
+class Withheld(NamedTuple):
+    """A reading encoded but not sent: its device's injection withholds it (``withholds``)."""
+
+    scenario: Scenario
+    send_s: float  # when it would have been sent, simulated seconds since the start
+    key: bytes
+    value: bytes  # as it would have been sent
+
+
 @dataclass
 class Slice:
     """A slice ``[t0, t1)`` of simulated time with its readings encoded, time-ordered: what
-    ``Scenario.messages`` reads and draws from."""
+    ``Scenario.messages`` reads and draws from. ``events``, ``keys`` and ``values`` are the
+    readings sent; ``withheld`` the ones the injections kept back, time-ordered too."""
 
     t0: float
     t1: float
@@ -125,6 +146,7 @@ class Slice:
     events: Events
     keys: list[bytes]
     values: list[bytes]
+    withheld: list[Withheld] = field(default_factory=list)
 
     @property
     def start_ms(self) -> int:
@@ -139,6 +161,11 @@ class Scenario:
     # Kinds that change a device's readings are seen against its own normal, once that is
     # learned: none starts in a run's warm-up.
     changes_readings: ClassVar[bool] = False
+    # Kinds that withhold a device's own readings of the window (``readings``): they are encoded
+    # as they would have been sent, then left out of the batch and handed to ``messages`` in
+    # ``Slice.withheld``. Seen against the device's learned reporting interval: none starts in
+    # a run's warm-up either.
+    withholds: ClassVar[bool] = False
 
     scenario_id: str
     dev: int
@@ -147,6 +174,7 @@ class Scenario:
     index: int  # its number in the run (1, 2, ...): marks a clone's readings
     params: dict[str, Any] = field(default_factory=dict)  # recorded in the ground truth
     sent: int = 0  # messages it tagged or sent
+    withheld: int = 0  # readings of its device it kept from being sent (``withholds``)
 
     @property
     def code(self) -> int:
@@ -162,9 +190,9 @@ class Scenario:
     @classmethod
     def may_start(cls, start: float, settings: SimulatorSettings) -> bool:
         """Whether a planned injection may start at ``start`` simulated seconds: after the warm-up
-        for kinds that change readings, and before a bounded run's quiet tail."""
+        for kinds that change or withhold readings, and before a bounded run's quiet tail."""
         s = settings
-        if cls.changes_readings and start < s.scenario_warmup_s:
+        if (cls.changes_readings or cls.withholds) and start < s.scenario_warmup_s:
             return False
         span = s.duration * s.accelerate if s.duration and s.accelerate > 0 else None
         return span is None or s.quiet_tail_s <= 0 or start < span - s.quiet_tail_s
@@ -187,6 +215,11 @@ class Scenario:
         raise ValueError(f"no free device fits scenario {cls.name!r}")
 
     # --- parameters ------------------------------------------------------------------------------
+    @classmethod
+    def lasts(cls, rng: np.random.Generator, settings: SimulatorSettings) -> float:
+        """How long a new injection runs (simulated seconds), when not given."""
+        return float(rng.uniform(settings.scenario_min_s, settings.scenario_max_s))
+
     @classmethod
     def choose(cls, rng: np.random.Generator, place: Placement) -> dict[str, Any]:
         """The random parameters of one injection."""
@@ -258,6 +291,8 @@ class Scenario:
         """Its ground-truth row, the window clipped to ``until_s`` simulated seconds (where the run
         stopped, or its own end)."""
         details = {**self.params, "messages": self.sent}
+        if self.withholds:
+            details["withheld"] = self.withheld
         return GroundTruthRow(
             scenario_id=self.scenario_id,
             device_id=device_id,
@@ -600,6 +635,80 @@ class Malformed(Scenario):
         return out
 
 
+class Silence(Scenario):
+    """The device sends nothing for the window (``silence_min_s`` to ``silence_max_s``,
+    log-uniform), then reports again; with probability ``1 - silence_resume_probability`` it never
+    does, and the injection runs to the run's end (its ground truth ends where the run stopped).
+
+    Its readings are still taken, so its seq counts on: it resumes with a gap in seq.
+    """
+
+    name = "silence"
+    withholds = True
+
+    @classmethod
+    def lasts(cls, rng: np.random.Generator, settings: SimulatorSettings) -> float:
+        low, high = math.log(settings.silence_min_s), math.log(settings.silence_max_s)
+        return math.exp(float(rng.uniform(low, high)))
+
+    @classmethod
+    def choose(cls, rng: np.random.Generator, place: Placement) -> dict[str, Any]:
+        return {"resumes": bool(rng.random() < place.settings.silence_resume_probability)}
+
+    def prepare(self, fleet: Fleet) -> None:
+        # The span is known once placed (``lasts``, or given); one that never resumes has none.
+        resumes = bool(self.params["resumes"])
+        self.params["span_s"] = round(self.end - self.start, 1) if resumes else None
+        if not resumes:
+            self.end = math.inf
+
+    def apply(self, events: Events, own: np.ndarray, power_factor: np.ndarray) -> None:
+        """The readings are withheld (``withholds``), not changed: nothing to tag."""
+
+
+@dataclass(eq=False)
+class StoreAndForward(Scenario):
+    """The device is offline for the window and buffers its readings; at the window's end it
+    sends them all, byte for byte (original event_time and seq), ``BURST_GAP_S`` apart in
+    event-time order and before its next reading, then reports normally again."""
+
+    name = "store_and_forward"
+    withholds = True
+    BURST_GAP_S: ClassVar[float] = 0.002
+    # The device's readings withheld so far, time-ordered: the burst to come.
+    buffered: list[Withheld] = field(default_factory=list)
+
+    def apply(self, events: Events, own: np.ndarray, power_factor: np.ndarray) -> None:
+        """The readings are withheld (``withholds``), then sent by ``messages``: untagged here."""
+
+    @classmethod
+    def messages(cls, scenarios: list[Self], now: Slice) -> list[Message]:
+        out: list[Message] = []
+        for gateway in scenarios:
+            out += gateway._forward(now)
+        return out
+
+    def _forward(self, now: Slice) -> list[Message]:
+        """Buffer the device's withheld readings of the slice; the burst when the window ends in
+        it (at its end: a run stopped before then never sends it)."""
+        self.buffered += [w for w in now.withheld if w.scenario is self]
+        if self.end > now.t1 or not self.buffered:
+            return []
+        # Back online at the window's end: the burst goes out before the device's next reading,
+        # which would otherwise make the buffered ones look older than what it last sent.
+        events = now.events
+        later = events.t[(events.dev == self.dev) & (events.t >= self.end)]
+        room = float(later.min(initial=now.t1)) - self.end
+        gap = min(self.BURST_GAP_S, max(0.0, room) / len(self.buffered))
+        burst = [
+            Message(self, self.end + k * gap, w.key, w.value, None)
+            for k, w in enumerate(self.buffered)
+        ]
+        self.buffered = []
+        self.sent += len(burst)
+        return burst
+
+
 def malformed_message(
     reason: str,
     event: dict[str, Any],
@@ -666,7 +775,7 @@ KINDS: dict[str, type[Scenario]] = {
     kind.name: kind
     for kind in (
         Tampering, Spike, Dip, StuckSensor, Drift, ImpossibleTravel, ClonedDevice, Replay, Flood,
-        RogueDevice, FirmwareChange, ClockSkew, Malformed,
+        RogueDevice, FirmwareChange, ClockSkew, Malformed, Silence, StoreAndForward,
     )
 }  # fmt: skip
 if set(KINDS) != set(c.SCENARIOS):

@@ -104,9 +104,26 @@ class SimulatorSettings(CommonSettings):
     scenario_warmup_s: float = Field(
         default=0.0,
         ge=0,
-        description="No scenario that changes a device's readings (tampering, spike, dip, "
-        "stuck_sensor, drift) starts in a run's first N simulated seconds: the pipeline learns "
-        "each device's own normal first",
+        description="No scenario that changes or withholds a device's readings (tampering, "
+        "spike, dip, stuck_sensor, drift, silence, store_and_forward) starts in a run's first N "
+        "simulated seconds: the pipeline learns each device's own normal and reporting interval "
+        "first",
+    )
+    silence_min_s: float = Field(
+        default=300.0, gt=0, description="Shortest silence of a device (simulated seconds)"
+    )
+    silence_max_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Longest silence of a device (simulated seconds); the span is drawn "
+        "log-uniformly between silence_min_s and this",
+    )
+    silence_resume_probability: float = Field(
+        default=0.75,
+        ge=0,
+        le=1,
+        description="Probability that a silent device reports again after its silence; one that "
+        "does not stays silent to the run's end",
     )
     quiet_tail_s: float = Field(
         default=0.0,
@@ -180,6 +197,8 @@ class SimulatorSettings(CommonSettings):
             raise ValueError("interval_min_s must be <= interval_max_s")
         if self.scenario_min_s > self.scenario_max_s:
             raise ValueError("scenario_min_s must be <= scenario_max_s")
+        if self.silence_min_s > self.silence_max_s:
+            raise ValueError("silence_min_s must be <= silence_max_s")
         return self
 
     def rate_of(self, scenario: str) -> float:

@@ -25,6 +25,7 @@ slice sizes give the same messages byte for byte.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import uuid
@@ -48,7 +49,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Batch:
-    """Messages of one slice of simulated time, in send order."""
+    """Messages of one slice of simulated time, in send order (readings an injection withholds,
+    ``Scenario.withholds``, are not among them: one message is not always one reading)."""
 
     keys: list[bytes]
     values: list[bytes]
@@ -140,9 +142,7 @@ class Simulation:
         if kind is None:
             raise ValueError(f"unknown scenario {scenario!r}")
         start = self.t if start_s is None else float(start_s)
-        duration = duration_s or float(
-            self.rng.uniform(self.settings.scenario_min_s, self.settings.scenario_max_s)
-        )
+        duration = duration_s or kind.lasts(self.rng, self.settings)
         dev = kind.device(self.fleet, self.rng, self._busy, device_id)
         place = sc.Placement(self.fleet.device_type(dev), self.settings, start)
         chosen = {**kind.choose(self.rng, place), **params}
@@ -197,7 +197,10 @@ class Simulation:
             start_ms=self.start_ms,
             event_ids=uuid4_rows(self.rng, len(events)),
         )
-        now = sc.Slice(t0, t1, self.fleet, self.rng, self.start_epoch, events, keys, values)
+        events, keys, values, withheld = _withhold(running, events, keys, values)
+        now = sc.Slice(
+            t0, t1, self.fleet, self.rng, self.start_epoch, events, keys, values, withheld
+        )
         batch = _with_messages(now, self._messages(running, now))
         self.t = t1
         batch.ended = [s for s in self.active if s.end <= t1]
@@ -315,6 +318,37 @@ class Simulation:
                 return
             sent += len(batch)
             yield batch
+
+
+def _withhold(
+    running: list[sc.Scenario], events: Events, keys: list[bytes], values: list[bytes]
+) -> tuple[Events, list[bytes], list[bytes], list[sc.Withheld]]:
+    """The encoded readings without those the running injections withhold (``withholds``:
+    their device's own readings of the window), and those, time-ordered, as ``Withheld``."""
+    holders = [s for s in running if s.withholds]
+    if not holders:
+        return events, keys, values, []
+    held = np.zeros(len(events), bool)
+    withheld: list[sc.Withheld] = []
+    for scenario in holders:
+        idx = scenario.readings(events, np.flatnonzero(events.dev == scenario.dev))
+        idx = idx[~held[idx]]
+        if not idx.size:
+            continue
+        held[idx] = True
+        scenario.withheld += int(idx.size)
+        withheld += [sc.Withheld(scenario, float(events.t[i]), keys[i], values[i])
+                     for i in idx.tolist()]  # fmt: skip
+    if not withheld:
+        return events, keys, values, []
+    withheld.sort(key=lambda w: w.send_s)
+    sent = ~held
+    return (
+        events.take(np.flatnonzero(sent)),
+        list(itertools.compress(keys, sent.tolist())),
+        list(itertools.compress(values, sent.tolist())),
+        withheld,
+    )
 
 
 def _with_messages(now: sc.Slice, messages: list[sc.Message]) -> Batch:

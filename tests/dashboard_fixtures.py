@@ -1,8 +1,9 @@
 """Fixture lakes for the dashboard tests, written with ``deltalake`` as the pipeline would.
 
 ``build_lake`` writes a small, fully known lake (times relative to ``now``) and returns the
-numbers the pages must show; ``add_fast_alerts`` adds the fast path's table to one;
-``register_champion`` puts a champion model in an MLflow store.
+numbers the pages must show; ``add_fast_alerts`` adds the fast path's table to one,
+``add_silences`` the silence query's alerts; ``register_champion`` puts a champion model in an
+MLflow store.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ ROGUE = "rogue-999"
 FAST_ALERT_ID = "alert-004"
 FAST_LEAD = timedelta(seconds=4.2)
 FAST_MESSAGES = 3
+
+
+# add_silences: a fourth registered device, silent for the last SILENT_FOR after an hour of
+# readings, and the silence query's alerts (ids "silence-*"); see add_silences.
+SILENT_DEVICE = ("meter-004", "smart_meter", "Ida Noddack", "Domkloster 4, Cologne", 50.941,
+                 6.958, "2.1.0")  # fmt: skip
+SILENT_FOR = timedelta(minutes=20)
 
 
 @dataclass
@@ -372,6 +380,89 @@ def add_fast_alerts(fixture: FixtureLake) -> list[dict[str, Any]]:
     # Written in a different order than published: the first message is the earliest one.
     _write(fixture.root, lake.FAST_ALERTS, c.FAST_ALERTS_COLUMNS, rows[::-1])
     return rows
+
+
+def add_silences(fixture: FixtureLake) -> dict[str, datetime]:
+    """Register SILENT_DEVICE with readings up to SILENT_FOR ago, and append the silence query's
+    alerts to ``fixture``'s lake (``fixture.alerts`` is left as built):
+
+    - thermo-003: a silence that ended two days ago, and one since 26 hours ago, still on (its
+      window starts before the last 24 hours);
+    - SILENT_DEVICE: still silent since its last reading, and an earlier silence the query
+      never ended (two open: the device counts once, silent since the later one);
+    - tracker-002: a silence that ended two hours ago, and a late burst;
+    - meter-001: a silence still open but withdrawn; ROGUE: one still open, not registered.
+
+    Returns the devices silent now: ``device_id -> last reading`` (``silent_since``), also kept
+    in ``fixture.extra["silent_since"]``.
+    """
+    now, root = fixture.now, fixture.root
+    device_id, type_, owner, address, lat, lon, firmware = SILENT_DEVICE
+    registry = {"device_id": device_id, "device_type": type_, "owner": owner,
+                "site_address": address, "site_lat": lat, "site_lon": lon,
+                "expected_firmware": firmware, "plan": "standard",
+                "install_date": date(2024, 3, 1), "status": "active",
+                "updated_at": now - timedelta(hours=1)}  # fmt: skip
+    _write(root, lake.DEVICES, c.DEVICES_COLUMNS, [registry])
+    # An hour of one reading a minute, the last one SILENT_FOR ago (event times with sub-second
+    # parts: a silence's window starts at its last reading floored to the second).
+    last_reading = now - SILENT_FOR + timedelta(milliseconds=400)
+    readings = [last_reading - timedelta(minutes=i) for i in range(40, -1, -1)]
+    telemetry = [
+        {"event_id": f"{device_id}-{i}", "device_id": device_id, "event_time": at, "seq": i,
+         "firmware": firmware, "lat": lat, "lon": lon, "temperature_c": 21.0,
+         "voltage_v": 230.0, "current_a": 2.0, "power_w": 460.0, "signal_dbm": -70.0,
+         "kafka_topic": "iot.telemetry", "kafka_partition": 1, "kafka_offset": i,
+         "kafka_timestamp": at, "ingest_time": at + timedelta(seconds=1)}
+        for i, at in enumerate(readings)
+    ]  # fmt: skip
+    _write(root, lake.TELEMETRY, c.TELEMETRY_COLUMNS, telemetry)
+
+    def silence(
+        n: int, device: str, last: datetime, ended: datetime | None, **kw: Any
+    ) -> dict[str, Any]:
+        detected = last + timedelta(minutes=4, seconds=10)
+        reasons = ["no reading for 4 min 10 s (expected every 60 s; threshold 4 × interval)"]
+        if ended is not None:
+            reasons.append(f"reporting again after {ended - last}")
+        return {
+            "alert_id": f"silence-{n}",
+            "device_id": device,
+            "alert_type": kw.get("alert_type", "device_silent"),
+            "severity": kw.get("severity", "high"),
+            "score": 1.0,
+            "reasons": kw.get("reasons", reasons),
+            "model_name": None,
+            "model_version": None,
+            "window_start": last.replace(microsecond=0),
+            "window_end": ended,
+            "first_event_time": last,
+            "last_event_time": kw.get("last_event_time", detected),
+            "status": kw.get("status", c.ALERT_RAISED),
+            "detected_at": kw.get("detected_at", detected + timedelta(seconds=2)),
+            "batch_id": 100 + n,
+        }
+
+    thermo_last = now - timedelta(hours=26, milliseconds=-250)
+    rows = [
+        silence(1, "thermo-003", now - timedelta(hours=50), now - timedelta(hours=48)),
+        silence(2, "thermo-003", thermo_last, None),
+        silence(3, device_id, last_reading - timedelta(minutes=5), None),
+        silence(4, device_id, last_reading, None),
+        silence(5, "tracker-002", now - timedelta(hours=3), now - timedelta(hours=2)),
+        silence(6, "meter-001", now - timedelta(minutes=30), None, status=c.ALERT_WITHDRAWN),
+        silence(7, ROGUE, now - timedelta(minutes=45), None),
+        silence(
+            8, "tracker-002", now - timedelta(hours=2, minutes=30), now - timedelta(hours=2),
+            alert_type="late_burst", severity="medium",
+            reasons=["40 readings arrived 30 min behind the stream"],
+        ),
+    ]  # fmt: skip
+    _write(root, lake.ALERTS, c.ALERTS_COLUMNS, rows)
+    silent = {"thermo-003": thermo_last, device_id: last_reading}
+    fixture.extra["silent_since"] = silent
+    fixture.extra["silences"] = rows
+    return silent
 
 
 def register_champion(tracking_uri: str, metrics: dict[str, float] | None = None) -> str:

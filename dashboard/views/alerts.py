@@ -152,6 +152,10 @@ cols[1].metric("Severity", str(alert["severity"]))
 cols[2].metric("Score", "n/a" if alert["score"] is None else f"{alert['score']:.2f}")
 cols[3].metric("Verdict", VERDICT_LABELS.get(alert["verdict"] or "", "open"))
 st.caption(data.first_by_sentence(alert))
+silence = data.silence_sentence(alert, data.utcnow())
+if silence is not None:
+    # Times and durations only: no field value is rendered as Markdown.
+    st.caption(silence)
 
 left, right = st.columns(2)
 with left:
@@ -159,14 +163,21 @@ with left:
     # Reasons come from the data: plain text, never Markdown or HTML.
     st.text("\n".join(f"- {reason}" for reason in alert["reasons"] or []) or "(none recorded)")
     st.subheader("Alert")
-    ui.show_table(data.as_field_table({k: v for k, v in alert.items() if k != "reasons"}))
+    ui.show_table(data.alert_field_table(alert))
 with right:
     st.subheader("Window features")
-    features = reads.features(settings, alert["device_id"], alert["window_start"])
-    if features.is_empty():
-        ui.empty_state("features for this window", lake.FEATURES)
+    if alert["alert_type"] in c.SILENCE_ALERT_TYPES:
+        # Raised from readings that did not arrive, or arrived late: no window was computed.
+        st.caption(
+            "None: this alert is about readings that did not arrive, or arrived late. The "
+            "device's telemetry shows them."
+        )
     else:
-        ui.show_table(data.as_field_table(features.row(0, named=True)), height=420)
+        features = reads.features(settings, alert["device_id"], alert["window_start"])
+        if features.is_empty():
+            ui.empty_state("features for this window", lake.FEATURES)
+        else:
+            ui.show_table(data.as_field_table(features.row(0, named=True)), height=420)
 
 if st.button("Open this device", icon=":material/sensors:"):
     st.session_state[ui.DEVICE_KEY] = alert["device_id"]

@@ -53,6 +53,10 @@ def telemetry_range(alert: dict[str, Any] | None) -> data.TimeRange:
     if alert is None or alert["window_start"] is None:
         return ui.time_window()
     start: datetime = alert["window_start"]
+    if data.is_ongoing_silence(alert):
+        # Still silent: from before its last reading on, with no upper bound (so it stays one
+        # cached read while the silence lasts).
+        return data.TimeRange(since=start - MIN_MARGIN)
     end: datetime = alert["window_end"] or start
     margin = max(end - start, MIN_MARGIN)
     return data.TimeRange(since=start - margin, until=end + margin)
@@ -75,7 +79,9 @@ def metric_chart(
     )
     layers: list[alt.Chart] = [line]
     if alert is not None:
-        window = pl.DataFrame({"start": [alert["window_start"]], "end": [alert["window_end"]]})
+        # An ongoing silence's band runs up to now.
+        end = data.alert_end(alert, data.utcnow())
+        window = pl.DataFrame({"start": [alert["window_start"]], "end": [end]})
         band = (
             alt.Chart(window.to_pandas())
             .mark_rect(opacity=0.15, color="#eb5757")

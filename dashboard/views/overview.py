@@ -1,5 +1,5 @@
-"""Overview: open alerts, alerts over time by type and severity, throughput, data quality and
-how often the fast path raised a per-event alert first."""
+"""Overview: open alerts, devices silent now, alerts over time by type and severity, throughput,
+data quality and how often the fast path raised a per-event alert first."""
 
 from __future__ import annotations
 
@@ -34,15 +34,23 @@ def overview() -> None:
     rate = data.ingest_rate(metrics, settings.ingest_query)
     quarantined = reads.quarantined(settings, span)
     late = int(metrics["late_rows_dropped"].sum() or 0)
+    silent = reads.silent_devices(settings)
 
-    cols = st.columns(7)
+    cols = st.columns(8)
     cols[0].metric("Open alerts", open_.height, help="Alerts in the range without a verdict")
     cols[1].metric("Alerts", alerts.height, help="All alerts whose window starts in the range")
     cols[2].metric("Events/s", "n/a" if rate is None else f"{rate:,.1f}", help="Latest batch")
     cols[3].metric("Devices reporting", reads.devices_reporting(settings, span))
-    cols[4].metric("Quarantined", quarantined, help="Rejected records in the range")
-    cols[5].metric("Late rows dropped", late, help="Beyond the watermark, in the range")
-    cols[6].metric(
+    cols[4].metric(
+        "Silent now",
+        silent.height,
+        help="Registered devices that stopped reporting and have not been heard from since (a "
+        "device_silent alert not yet ended), each counted once, whatever the time range. The "
+        "map marks them.",
+    )
+    cols[5].metric("Quarantined", quarantined, help="Rejected records in the range")
+    cols[6].metric("Late rows dropped", late, help="Beyond the watermark, in the range")
+    cols[7].metric(
         "Fast path first",
         f"{fast_first} of {per_event.height}",
         help=f"Per-event alerts ({', '.join(data.FAST_PATH_TYPES)}) in the range that the fast "

@@ -17,8 +17,10 @@ from tests.dashboard_fixtures import (
     FAST_MESSAGES,
     MARKUP_REASON,
     ROGUE,
+    SILENT_DEVICE,
     FixtureLake,
     add_fast_alerts,
+    add_silences,
     build_lake,
 )
 
@@ -418,3 +420,182 @@ def test_the_watermark_lag_is_each_query_as_it_is_now() -> None:
     assert data.watermark_lag(metrics) == 30.0
     assert data.watermark_lag(metrics.filter(pl.col("query_name") != "firmware")) is None
     assert data.watermark_lag(metrics.clear()) is None
+
+
+# --- Silent devices (device_silent alerts) -------------------------------------------------------
+NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
+SILENCE_SCHEMA = {name: pl.String for name in ("alert_id", "device_id", "alert_type", "status")} | {
+    name: pl.Datetime("us", "UTC")
+    for name in ("window_start", "window_end", "first_event_time", "last_event_time")
+}
+
+
+def silences(*rows: tuple[str, str, str, datetime, datetime | None, str | None]) -> pl.DataFrame:
+    """Alert rows ``(alert_id, device_id, alert_type, last reading, window_end, status)``."""
+    return pl.DataFrame(
+        [
+            {"alert_id": a, "device_id": d, "alert_type": t, "window_start": last.replace(
+                microsecond=0), "window_end": end, "first_event_time": last,
+             "last_event_time": last + timedelta(minutes=4), "status": status}
+            for a, d, t, last, end, status in rows
+        ],
+        schema=SILENCE_SCHEMA,
+    )  # fmt: skip
+
+
+def ago(minutes: float) -> datetime:
+    return NOW - timedelta(minutes=minutes)
+
+
+def test_silent_now_counts_each_registered_device_still_silent_once() -> None:
+    registry = pl.DataFrame({"device_id": ["twice", "ended", "withdrawn", "old", "two-open",
+                                           "burst", "quiet"]})  # fmt: skip
+    frame = silences(
+        # One silence ended, a later one still on: silent now, once, since the later one.
+        ("t1", "twice", "device_silent", ago(300), ago(200), "raised"),
+        ("t2", "twice", "device_silent", ago(60.5), None, "raised"),
+        ("e1", "ended", "device_silent", ago(90), ago(30), "raised"),
+        ("w1", "withdrawn", "device_silent", ago(40), None, "withdrawn"),
+        # A null status (a row written before the column existed) stands.
+        ("o1", "old", "device_silent", ago(1500), None, None),
+        # Two still open (the query never ended the first): once, since its later last reading.
+        ("p1", "two-open", "device_silent", ago(50), None, "raised"),
+        ("p2", "two-open", "device_silent", ago(20), None, "raised"),
+        # Not registered: not counted.
+        ("r1", "rogue", "device_silent", ago(10), None, "raised"),
+        # Another type with no window end is no silence.
+        ("b1", "burst", "late_burst", ago(10), None, "raised"),
+    )
+    silent = data.silent_now(frame, registry)
+    assert silent.rows() == [
+        ("old", ago(1500), "o1"),
+        ("twice", ago(60.5), "t2"),
+        ("two-open", ago(20), "p2"),
+    ]
+    assert data.silent_now(frame, registry.head(0)).is_empty()
+
+
+def test_a_silence_ended_in_any_row_of_its_alert_is_over() -> None:
+    """One row per alert (the pipeline MERGEs on alert_id); were an earlier version of the row
+    read too, its end would still count."""
+    frame = silences(
+        ("s1", "d1", "device_silent", ago(30), None, "raised"),
+        ("s1", "d1", "device_silent", ago(30), ago(5), "raised"),
+    )
+    assert data.silent_now(frame, pl.DataFrame({"device_id": ["d1"]})).is_empty()
+
+
+def test_silent_now_of_a_lake_written_before_silence_alerts_is_empty(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    registry = pl.DataFrame({"device_id": ["d1"]})
+    # No alerts table at all.
+    assert data.silent_now(data.read_silences(str(tmp_path)), registry).is_empty()
+    # An alerts table from before the status column and the silence alert types.
+    old_columns = tuple((n, t) for n, t in c.ALERTS_COLUMNS if n != "status")
+    row = {"alert_id": "a1", "device_id": "d1", "alert_type": "flood",
+           "window_start": NOW, "window_end": None}  # fmt: skip
+    write_deltalake(lake.table_path(str(tmp_path), lake.ALERTS),
+                    pa.Table.from_pylist([row], schema=c.arrow_schema(old_columns)))  # fmt: skip
+    read = data.read_silences(str(tmp_path))
+    assert read.is_empty() and "status" not in read.columns
+    silent = data.silent_now(read, registry)
+    assert silent.is_empty() and silent.columns == ["device_id", "silent_since", "alert_id"]
+
+
+def test_read_silences_reads_every_silence_whatever_its_window_and_status(tmp_path: Path) -> None:
+    fixture = build_lake(str(tmp_path / "lake"))
+    expected = add_silences(fixture)
+    read = data.read_silences(fixture.root)
+    assert sorted(read["alert_id"]) == [f"silence-{n}" for n in range(1, 8)]
+    assert read.columns == list(data.SILENCE_COLUMNS)
+    silent = data.silent_now(read, data.read_devices(fixture.root))
+    assert dict(silent.select("device_id", "silent_since").iter_rows()) == expected
+    assert silent["device_id"].to_list() == ["thermo-003", SILENT_DEVICE[0]]
+
+
+def test_read_alerts_with_status_in_the_columns_reads_it_once(fixture_lake: FixtureLake) -> None:
+    frame = data.read_alerts(fixture_lake.root, columns=["alert_id", "status"], withdrawn=True)
+    assert frame.columns == ["alert_id", "status"]
+    assert frame.height == len(fixture_lake.alerts)
+
+
+def test_map_points_mark_devices_silent_now(fixture_lake: FixtureLake) -> None:
+    root = fixture_lake.root
+    now = fixture_lake.now
+    silent = pl.DataFrame(
+        {
+            "device_id": ["thermo-003", "meter-001", "not-on-map"],
+            "silent_since": [now - timedelta(hours=30), now - timedelta(minutes=20), now],
+        },
+        schema={"device_id": pl.String, "silent_since": pl.Datetime("us", "UTC")},
+    )
+    points = data.map_points(data.read_devices(root), data.read_alerts(root),
+                             data.last_positions(root, [ROGUE]), silent, now)  # fmt: skip
+    by_id = {row["device_id"]: row for row in points.iter_rows(named=True)}
+    assert set(by_id) == {"meter-001", "tracker-002", "thermo-003", ROGUE}
+    old, recent = now - timedelta(hours=30), now - timedelta(minutes=20)
+    assert by_id["thermo-003"]["silence"] == f"silent since {old:%Y-%m-%d %H:%M} UTC"
+    assert by_id["meter-001"]["silence"] == f"silent since {recent:%H:%M} UTC"
+    assert by_id["meter-001"]["silent_since"] == recent
+    assert by_id["tracker-002"]["silence"] is None and by_id[ROGUE]["silent_since"] is None
+    # Without silences, no device is marked.
+    plain = data.map_points(data.read_devices(root), data.read_alerts(root),
+                            data.last_positions(root, [ROGUE]))  # fmt: skip
+    assert plain["silence"].null_count() == plain.height == 4
+
+
+def test_since_is_a_time_within_twelve_hours_and_a_date_and_time_before() -> None:
+    since = pl.Series("since", [ago(11 * 60 + 59), ago(12 * 60), ago(5)], pl.Datetime("us", "UTC"))
+    text = pl.select(data.since_text(pl.lit(since), NOW)).to_series().to_list()
+    assert text == ["00:01 UTC", "2026-11-26 00:00 UTC", "11:55 UTC"]
+
+
+@pytest.mark.parametrize(
+    ("span", "text"),
+    [
+        (timedelta(seconds=45.9), "45 s"),
+        (timedelta(minutes=4, seconds=10), "4 min 10 s"),
+        (timedelta(hours=2, minutes=5, seconds=59), "2 h 5 min"),
+        (timedelta(days=3, hours=4, minutes=1), "3 d 4 h"),
+        (timedelta(seconds=-3), "0 s"),
+    ],
+)
+def test_duration_text(span: timedelta, text: str) -> None:
+    assert data.duration_text(span) == text
+
+
+def silence_alert(end: datetime | None, alert_type: str = "device_silent") -> dict[str, object]:
+    last = datetime(2026, 11, 26, 7, 55, 49, 750000, tzinfo=timezone.utc)
+    return {"alert_id": "s1", "alert_type": alert_type, "reasons": ["no reading for 4 min 10 s"],
+            "window_start": last.replace(microsecond=0), "window_end": end,
+            "first_event_time": last, "last_event_time": last + timedelta(minutes=4)}  # fmt: skip
+
+
+def test_an_ongoing_silence_reads_as_still_silent_and_an_ended_one_as_its_length() -> None:
+    ongoing = silence_alert(None)
+    assert data.is_ongoing_silence(ongoing)
+    assert data.silence_sentence(ongoing, NOW) == (
+        "Still silent: no reading since 2026-11-26 07:55:49 UTC (4 h 4 min)"
+    )
+    fields = dict(data.alert_field_table(ongoing).iter_rows())
+    assert fields["window_end"] == data.STILL_SILENT == "still silent"
+    assert "reasons" not in fields
+    assert not any(v in {"None", "NaT"} or v.startswith("1970") for v in fields.values())
+    assert data.alert_end(ongoing, NOW) == NOW
+
+    ended = silence_alert(datetime(2026, 11, 26, 9, 0, 5, tzinfo=timezone.utc))
+    assert not data.is_ongoing_silence(ended)
+    assert data.silence_sentence(ended, NOW) == (
+        "Silent for 1 h 4 min: no reading from 2026-11-26 07:55:49 until 2026-11-26 09:00:05 UTC"
+    )
+    assert dict(data.alert_field_table(ended).iter_rows())["window_end"] == "2026-11-26 09:00:05"
+    assert data.alert_end(ended, NOW) == ended["window_end"]
+
+    # Other types: no sentence; a window with no end recorded ends where it starts, as before.
+    other = silence_alert(None, alert_type="late_burst")
+    assert not data.is_ongoing_silence(other)
+    assert data.silence_sentence(other, NOW) is None
+    assert dict(data.alert_field_table(other).iter_rows())["window_end"] == ""
+    assert data.alert_end(other, NOW) == other["window_start"]

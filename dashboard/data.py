@@ -582,6 +582,8 @@ STILL_SILENT = "still silent"
 # A silence that began longer ago than this is labelled with its date too, not only its time.
 TIME_ONLY_WITHIN = timedelta(hours=12)
 UTC_POLARS = pl.Datetime("us", "UTC")
+# A device's ``status`` in the registry once it is taken out of service.
+RETIRED = "retired"
 
 
 def read_silences(lake_root: str) -> pl.DataFrame:
@@ -600,13 +602,16 @@ def silent_now(silences: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
     null in rows written before the column existed; not withdrawn) that has not ended: no row
     of that alert has a ``window_end``. ``silent_since`` is the device's last reading
     (``first_event_time``, else the window start); of two such alerts, the later one's (the
-    device was heard from at that reading). Alerts of other types and devices not in
-    ``devices`` (the registry) are left out.
+    device was heard from at that reading). Alerts of other types, and devices not in
+    ``devices`` (the registry) or retired there, are left out: the silence query follows active
+    devices only, and ends a silence when its device is retired.
 
     Input: alert rows with ``SILENCE_COLUMNS`` (``status`` and ``first_event_time`` may be
     missing, as in a lake written before them).
     """
     silences = _with_alert_columns(silences, SILENCE_COLUMNS)
+    if "status" in devices.columns:
+        devices = devices.filter(pl.col("status").ne_missing(RETIRED))
     registered = devices.select(pl.col("device_id").cast(pl.String)).unique()
     return (
         silences.filter(pl.col("alert_type") == DEVICE_SILENT)
@@ -658,17 +663,19 @@ def alert_end(alert: dict[str, Any], now: datetime) -> datetime | None:
 
 
 def duration_text(span: timedelta) -> str:
-    """``45 s``, ``4 min 10 s``, ``2 h 5 min`` or ``3 d 4 h`` (whole units, rounded down)."""
+    """``45 s``, ``4 min 10 s``, ``2 h 5 min``, ``3 d 4 h``: the two largest units, rounded down,
+    a second one of 0 left out (``4 min``), as the silence query's reasons write them."""
     seconds = max(0, int(span.total_seconds()))
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
     minutes, seconds = divmod(rest, 60)
-    if days:
-        return f"{days} d {hours} h"
-    if hours:
-        return f"{hours} h {minutes} min"
-    if minutes:
-        return f"{minutes} min {seconds} s"
+    for big, big_unit, small, small_unit in (
+        (days, "d", hours, "h"),
+        (hours, "h", minutes, "min"),
+        (minutes, "min", seconds, "s"),
+    ):
+        if big:
+            return f"{big} {big_unit} {small} {small_unit}" if small else f"{big} {big_unit}"
     return f"{seconds} s"
 
 

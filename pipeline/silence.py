@@ -251,10 +251,11 @@ def _read(device_id: str, d: Device, times: np.ndarray, watermark_ms: int,
     burst_grew = False
     for ts in times.tolist():
         seen = max(ts, watermark_ms)
-        if d.silent_from_ms is None and d.heard_ms is not None:
-            if seen - d.heard_ms > d.threshold_ms(spec):
-                # Overdue before the watermark said so: the reading ends a silence seen only now.
-                _go_silent(device_id, d, spec, d.heard_ms + d.threshold_ms(spec))
+        overdue_now = d.heard_ms is not None and seen - d.heard_ms > d.threshold_ms(spec)
+        if d.silent_from_ms is None and overdue_now:
+            # Overdue before the watermark said so: the reading ends a silence seen only now.
+            assert d.heard_ms is not None
+            _go_silent(device_id, d, spec, d.heard_ms + d.threshold_ms(spec))
         if d.silent_from_ms is not None:
             changes.append(_silence(device_id, d, spec, end_ms=seen, ended_by=ENDED_BY_READING))
             d.remember_silence(seen - d.silent_from_ms)
@@ -401,9 +402,11 @@ def silence_input(readings: DataFrame, registry: DataFrame, *, watermark: str) -
 
 def silence_changes(rows: DataFrame, spec: SilenceSpec) -> DataFrame:
     """Alert changes (CHANGES_SCHEMA) from ``silence_input`` rows."""
-    bucket = F.pmod(F.xxhash64("device_id"), F.lit(BUCKETS)).alias("bucket")
-    return rows.groupBy(bucket).transformWithStateInPandas(
-        SilenceProcessor(spec), CHANGES_SCHEMA, "Update", "EventTime"
+    bucket = F.pmod(F.xxhash64("device_id"), F.lit(BUCKETS))
+    return (
+        rows.withColumn("bucket", bucket)
+        .groupBy("bucket")
+        .transformWithStateInPandas(SilenceProcessor(spec), CHANGES_SCHEMA, "Update", "EventTime")
     )
 
 
@@ -425,7 +428,7 @@ def _span(ms: float) -> str:
 
 
 def _clock(ms: int) -> str:
-    return pd.Timestamp(ms, unit="ms").strftime("%Y-%m-%d %H:%M:%S")
+    return pd.Timestamp(ms, unit="ms").strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _reasons(row: dict[str, Any]) -> list[str]:
@@ -436,8 +439,8 @@ def _reasons(row: dict[str, Any]) -> list[str]:
             f"{_clock(row['end_ms'])}): readings sent in a burst after the device was offline"
         ]
     reasons = [
-        f"no reading for {_span(row['threshold_ms'])} after {_clock(row['first_ms'])} (expected "
-        f"about every {_span(row['interval_ms'])})"
+        f"no reading since {_clock(row['first_ms'])} for over {_span(row['threshold_ms'])} "
+        f"(it reports about every {_span(row['interval_ms'])})"
     ]
     if row["ended_by"] == ENDED_BY_READING:
         reasons.append(f"reported again at {_clock(row['end_ms'])}, after "

@@ -28,8 +28,10 @@ from tests.dashboard_fixtures import (
     FAST_ALERT_ID,
     MARKUP_REASON,
     ROGUE,
+    SILENT_DEVICE,
     FixtureLake,
     add_fast_alerts,
+    add_silences,
     build_lake,
     champion_store,
 )
@@ -135,6 +137,8 @@ def test_overview_numbers_equal_the_data(
     assert shown["Quarantined"] == str(sum(fixture_lake.quarantine_by_reason.values()))
     assert shown["Late rows dropped"] == str(fixture_lake.late_rows)
     assert shown["Events/s"] == f"{fixture_lake.ingest_rate_latest:.1f}"
+    # A lake without silence alerts (as one written before they existed): none silent.
+    assert shown["Silent now"] == "0"
     assert len(at.get("vega_lite_chart")) == 2
     newest = at.dataframe[0].value
     assert len(newest) == 5 and "alert-005" not in set(newest["alert_id"])
@@ -509,6 +513,120 @@ def test_the_map_names_devices_with_standing_alerts_over_country_borders(
         assert not _inside(position, countries["France"]), device
 
 
+def test_the_overview_counts_the_registered_devices_silent_now(
+    app_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fixture = build_lake(str(tmp_path / "lake"))
+    silent = add_silences(fixture)
+    app_env.setenv("IOT_LAKE_ROOT", fixture.root)
+    at = open_page("overview")
+    # thermo-003 (an ended silence, and one since 26 hours ago) and meter-004 (two open): not
+    # the ended, the withdrawn or the unregistered device's.
+    assert sorted(silent) == ["meter-004", "thermo-003"]
+    assert metrics(at)["Silent now"] == "2"
+    help_text = next(m.help for m in at.metric if m.label == "Silent now")
+    assert "whatever the time range" in help_text
+    # Silent now whatever the range: neither device's silence started in the last 15 minutes.
+    at.selectbox(key="time_range").select("Last 15 minutes").run()
+    assert metrics(at)["Silent now"] == "2"
+    assert metrics(at)["Alerts"] == "2", "alert-001 and alert-002 only, no silence alert"
+
+
+def test_the_map_rings_and_labels_the_devices_silent_now(
+    app_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fixture = build_lake(str(tmp_path / "lake"))
+    silent = add_silences(fixture)
+    app_env.setenv("IOT_LAKE_ROOT", fixture.root)
+    app_env.setenv("IOT_DASH_MAP_STYLE", "none")
+    at = open_page("map")
+    assert not at.exception
+    assert metrics(at)["Silent now"] == "2"
+    chart = at.get("deck_gl_json_chart")[0].proto
+    layers = {layer["@@type"]: layer for layer in json.loads(chart.json)["layers"]}
+    points = {p["device_id"]: p for p in layers["ScatterplotLayer"]["data"]}
+    assert sorted(points) == sorted(["meter-001", "tracker-002", "thermo-003", "meter-004", ROGUE])
+    # thermo-003's silence began more than 12 hours ago: its date is shown too.
+    thermo, meter = silent["thermo-003"], silent[SILENT_DEVICE[0]]
+    notes = {device: point["silent_note"] for device, point in points.items()}
+    assert notes == {
+        "meter-001": "", "tracker-002": "", ROGUE: "",
+        "thermo-003": f"; silent since {thermo:%Y-%m-%d %H:%M} UTC",
+        "meter-004": f"; silent since {meter:%H:%M} UTC",
+    }  # fmt: skip
+    ringed = {d for d, p in points.items() if p["line_px"] == 4}
+    assert ringed == {"thermo-003", "meter-004"}
+    tooltip = json.loads(chart.tooltip)
+    assert tooltip["text"].endswith("worst: {worst_severity}{silent_note}")
+    labels = {label["device_id"]: label["label"] for label in layers["TextLayer"]["data"]}
+    # thermo-003 has no alert in the range, but is silent: named, with since when.
+    assert labels["thermo-003"] == f"thermo-003 (silent since {thermo:%Y-%m-%d %H:%M} UTC)"
+    assert labels["meter-004"] == f"meter-004 (silent since {meter:%H:%M} UTC)"
+    assert labels["tracker-002"] == "tracker-002"
+    table = at.dataframe[0].value
+    assert dict(zip(table["device_id"], table["silence"], strict=True))["thermo-003"] == (
+        f"silent since {thermo:%Y-%m-%d %H:%M} UTC"
+    )
+
+
+def detail_fields(at: AppTest) -> dict[str, str]:
+    """The alert detail's field table."""
+    return dict(at.dataframe[1].value.set_index("field")["value"])
+
+
+def test_a_silence_still_on_reads_as_still_silent_and_an_ended_one_as_its_length(
+    app_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fixture = build_lake(str(tmp_path / "lake"))
+    silent = add_silences(fixture)
+    app_env.setenv("IOT_LAKE_ROOT", fixture.root)
+    at = open_page("alerts")
+    since = silent[SILENT_DEVICE[0]]
+    click_alert(at, "silence-4")
+    assert not at.exception
+    assert metrics(at)["Type"] == "device_silent"
+    lines = [c.value for c in at.caption if c.value.startswith(("Still silent", "Silent for"))]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"Still silent: no reading since {since:%Y-%m-%d %H:%M:%S} UTC (")
+    fields = detail_fields(at)
+    assert fields["window_end"] == "still silent"
+    assert not any(v in ("None", "NaT", "nan") or "1970" in v for v in fields.values())
+    assert any(c.value.startswith("None: this alert is about readings") for c in at.caption)
+    assert len(at.dataframe) == 2, "no window features table for a silence"
+
+    click_alert(at, "silence-5")
+    lines = [c.value for c in at.caption if c.value.startswith(("Still silent", "Silent for"))]
+    ended = next(a for a in fixture.extra["silences"] if a["alert_id"] == "silence-5")
+    assert lines == [
+        f"Silent for 1 h: no reading from {ended['first_event_time']:%Y-%m-%d %H:%M:%S} "
+        f"until {ended['window_end']:%Y-%m-%d %H:%M:%S} UTC"
+    ]
+
+    # Opened by its address although it started before the range: still silent too.
+    at.query_params["alert"] = "silence-2"
+    at.run()
+    assert not at.exception
+    assert detail_fields(at)["window_end"] == "still silent"
+
+    # The device's telemetry: from 15 minutes before its last reading on, the band up to now.
+    at.query_params["alert"] = "silence-4"
+    at.run()
+    next(b for b in at.button if b.label == "Open this device").click().run()
+    assert not at.exception
+    assert at.selectbox(key="device_alert_id").value == "silence-4"
+    assert any(c.value.startswith("16 events;") for c in at.caption)
+    bands = [
+        dataframe_util.convert_arrow_bytes_to_pandas_df(d.data.data)
+        for chart in at.get("vega_lite_chart")
+        for d in chart.proto.datasets
+    ]
+    bands = [b for b in bands if list(b.columns) == ["start", "end"]]
+    assert bands, "each chart shades the silence"
+    for band in bands:
+        assert band["end"].notna().all()
+        assert (band["end"] > pd.Timestamp(fixture.now)).all(), "an ongoing silence ends now"
+
+
 def test_health_charts_leave_missing_watermarks_out(
     app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
 ) -> None:
@@ -554,6 +672,7 @@ def test_map_and_health_numbers(app_env: pytest.MonkeyPatch, fixture_lake: Fixtu
         "With alerts": "3",
         "Not in the registry": "1",
         "Alerts in range": "6",
+        "Silent now": "0",
     }
     at.switch_page("views/health.py").run()
     shown = metrics(at)

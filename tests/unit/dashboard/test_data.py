@@ -448,8 +448,8 @@ def ago(minutes: float) -> datetime:
 
 
 def test_silent_now_counts_each_registered_device_still_silent_once() -> None:
-    registry = pl.DataFrame({"device_id": ["twice", "ended", "withdrawn", "old", "two-open",
-                                           "burst", "quiet"]})  # fmt: skip
+    registered = ["twice", "ended", "withdrawn", "old", "two-open", "burst", "quiet", "retired"]
+    registry = pl.DataFrame({"device_id": registered, "status": ["active"] * 7 + ["retired"]})
     frame = silences(
         # One silence ended, a later one still on: silent now, once, since the later one.
         ("t1", "twice", "device_silent", ago(300), ago(200), "raised"),
@@ -461,8 +461,10 @@ def test_silent_now_counts_each_registered_device_still_silent_once() -> None:
         # Two still open (the query never ended the first): once, since its later last reading.
         ("p1", "two-open", "device_silent", ago(50), None, "raised"),
         ("p2", "two-open", "device_silent", ago(20), None, "raised"),
-        # Not registered: not counted.
+        # Not registered, or retired (whose silence the query ends, but perhaps not yet): not
+        # counted.
         ("r1", "rogue", "device_silent", ago(10), None, "raised"),
+        ("r2", "retired", "device_silent", ago(10), None, "raised"),
         # Another type with no window end is no silence.
         ("b1", "burst", "late_burst", ago(10), None, "raised"),
     )
@@ -473,6 +475,10 @@ def test_silent_now_counts_each_registered_device_still_silent_once() -> None:
         ("two-open", ago(20), "p2"),
     ]
     assert data.silent_now(frame, registry.head(0)).is_empty()
+    # A registry row without a status (or no status column) counts as registered.
+    unknown = registry.with_columns(pl.lit(None, pl.String).alias("status"))
+    assert data.silent_now(frame, unknown).height == 4
+    assert data.silent_now(frame, unknown.drop("status")).height == 4
 
 
 def test_a_silence_ended_in_any_row_of_its_alert_is_over() -> None:
@@ -559,6 +565,8 @@ def test_since_is_a_time_within_twelve_hours_and_a_date_and_time_before() -> Non
         (timedelta(minutes=4, seconds=10), "4 min 10 s"),
         (timedelta(hours=2, minutes=5, seconds=59), "2 h 5 min"),
         (timedelta(days=3, hours=4, minutes=1), "3 d 4 h"),
+        (timedelta(minutes=4, seconds=0.9), "4 min"),
+        (timedelta(days=2, minutes=59), "2 d"),
         (timedelta(seconds=-3), "0 s"),
     ],
 )
@@ -590,7 +598,9 @@ def test_an_ongoing_silence_reads_as_still_silent_and_an_ended_one_as_its_length
     assert data.silence_sentence(ended, NOW) == (
         "Silent for 1 h 4 min: no reading from 2026-11-26 07:55:49 until 2026-11-26 09:00:05 UTC"
     )
-    assert dict(data.alert_field_table(ended).iter_rows())["window_end"] == "2026-11-26 09:00:05"
+    assert dict(data.alert_field_table(ended).iter_rows())["window_end"] == (
+        "2026-11-26 09:00:05+00:00"
+    )
     assert data.alert_end(ended, NOW) == ended["window_end"]
 
     # Other types: no sentence; a window with no end recorded ends where it starts, as before.

@@ -102,8 +102,9 @@ def test_reporting_again_ends_the_same_alert_and_the_silence_is_not_learned() ->
     assert row["alert_id"] == alert_id_of("m1", SILENT, pd.Timestamp(at(400), unit="ms"))
     assert row["window_end"] == pd.Timestamp(at(1000), unit="ms")
     assert row["reasons"] == [
-        "no reading for 1 min 40 s after 2026-01-01 00:06:40 (expected about every 20 s)",
-        "reported again at 2026-01-01 00:16:40, after 10 min",
+        "no reading since 2026-01-01 00:06:40 UTC for over 1 min 40 s (it reports about every "
+        "20 s)",
+        "reported again at 2026-01-01 00:16:40 UTC, after 10 min",
     ]
     assert (row["severity"], row["last_event_time"]) == ("high", pd.Timestamp(at(520), unit="ms"))
 
@@ -115,7 +116,7 @@ def test_an_open_silence_has_no_end_in_its_alert() -> None:
     assert pd.isna(alerts.iloc[0]["window_end"])
     assert alerts.iloc[0]["first_event_time"] == pd.Timestamp(at(400), unit="ms")
     assert alerts.iloc[0]["reasons"] == [
-        "no reading for 1 min 40 s after 2026-01-01 00:06:40 (expected about every 20 s)"
+        "no reading since 2026-01-01 00:06:40 UTC for over 1 min 40 s (it reports about every 20 s)"
     ]
 
 
@@ -125,7 +126,10 @@ def test_a_gap_seen_only_when_the_next_reading_arrives_is_a_silence_too() -> Non
     # The watermark never reached the deadline (500 s) before the next reading, at 700 s.
     ended = only(step(state, readings("m1", 700.0), at(450), SPEC))
     assert (ended["start_ms"], ended["detected_ms"], ended["end_ms"], ended["ended_by"]) == (
-        at(400), at(500), at(700), ENDED_BY_READING
+        at(400),
+        at(500),
+        at(700),
+        ENDED_BY_READING,
     )
 
 
@@ -188,11 +192,13 @@ def test_retiring_a_silent_device_ends_its_silence_and_forgets_it() -> None:
     assert only(step(state, readings("x", 1.0), at(501), SPEC))["device_id"] == "m1"
     ended = only(step(state, rows(("m1", RETIRED, None, "smart_meter")), at(540), SPEC))
     assert (ended["device_id"], ended["end_ms"], ended["ended_by"]) == (
-        "m1", at(540), ENDED_BY_RETIREMENT
+        "m1",
+        at(540),
+        ENDED_BY_RETIREMENT,
     )
     assert set(state) == {"m2"}
     alerts = silence_alerts(pd.DataFrame([ended]))
-    assert alerts.iloc[0]["reasons"][-1] == "retired in the registry at 2026-01-01 00:09:00"
+    assert alerts.iloc[0]["reasons"][-1] == "retired in the registry at 2026-01-01 00:09:00 UTC"
     # Retiring a device that is not silent raises nothing.
     assert step(state, rows(("m2", RETIRED, None, "smart_meter")), at(541), SPEC) == []
     assert state == {}
@@ -227,8 +233,8 @@ def test_a_burst_across_batches_is_one_alert_and_too_few_late_readings_are_none(
     assert (grown["start_ms"], grown["end_ms"], grown["readings"]) == (at(120), at(180), 4)
     assert silence_alerts(pd.DataFrame([grown])).iloc[0]["reasons"] == [
         "4 readings arrived late, the oldest 1 min 20 s behind the stream (event times "
-        "2026-01-01 00:02:00 to 2026-01-01 00:03:00): readings sent in a burst after the device "
-        "was offline"
+        "2026-01-01 00:02:00 UTC to 2026-01-01 00:03:00 UTC): readings sent in a burst after the "
+        "device was offline"
     ]
 
 

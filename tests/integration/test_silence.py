@@ -1,0 +1,169 @@
+"""Silent devices on the real parts: readings through Kafka, the silence query in Spark
+(transformWithStateInPandas, event-time timers), the registry as a Delta stream, alerts MERGEd
+into Delta and published to the alerts topic."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra import contract as c
+from infra import lake as tables
+from pipeline import job
+from pipeline.alerts import alert_id_of
+from pipeline.publish import PATH, read_alert_message
+from pipeline.settings import PipelineSettings
+from tests.pipeline_helpers import (
+    encoded,
+    make_event,
+    produce,
+    table_alerts,
+    topic_messages,
+    write_registry,
+)
+
+pytestmark = pytest.mark.integration
+
+EVERY_S = 20
+
+
+def settings_for(lake: str, tmp_path: Path, bootstrap: str, topic: str) -> PipelineSettings:
+    return PipelineSettings(
+        lake_root=lake, checkpoint_root=str(tmp_path / "cp"), bootstrap_servers=bootstrap,
+        topic=topic, alerts_topic=f"{topic}.alerts", firmware_topic="",
+        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}", fast_path=False,
+        # The meters' own interval as the prior: thresholds are exactly 5 x 20 s = 100 s.
+        silence_prior_interval=f"{EVERY_S} seconds", silence_k=5.0, silence_watermark="10 seconds",
+        late_burst_min=10,
+    )  # fmt: skip
+
+
+def test_silences_end_on_the_same_alert_and_a_store_and_forward_burst_raises_late_burst(
+    spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str, tmp_path: Path
+) -> None:
+    # One partition: the order readings are read in is the order they were sent.
+    topic = make_topic(partitions=1)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=2)
+    write_registry(lake, ["steady", "quiet", "gone", "gateway"])
+
+    def at(second: int) -> datetime:
+        return start + timedelta(seconds=second)
+
+    def readings(device: str, seconds: range) -> list[tuple[int, dict[str, Any]]]:
+        return [(s, make_event(device, s // EVERY_S, at(s))) for s in seconds]
+
+    # Event-time plan (seconds after start), one reading every 20 s:
+    #   steady   0..1780
+    #   quiet    0..580, silent, again 1200..1780
+    #   gone     0..580, never again (retired in the registry later)
+    #   gateway  0..580, offline; its readings 600..1080 sent at once when the stream is at 1080
+    #   rogue    0..300, not in the registry: not followed
+    early = sorted(
+        readings("steady", range(0, 1100, EVERY_S)) + readings("quiet", range(0, 600, EVERY_S))
+        + readings("gone", range(0, 600, EVERY_S)) + readings("gateway", range(0, 600, EVERY_S))
+        + readings("rogue", range(0, 320, EVERY_S)),
+        key=lambda r: r[0],
+    )  # fmt: skip
+    buffered = readings("gateway", range(600, 1100, EVERY_S))
+    late = sorted(
+        readings("steady", range(1100, 1800, EVERY_S))
+        + readings("quiet", range(1200, 1800, EVERY_S))
+        + readings("gateway", range(1100, 1800, EVERY_S)),
+        key=lambda r: r[0],
+    )  # fmt: skip
+
+    settings = settings_for(lake, tmp_path, bootstrap, topic)
+    pipeline = job.prepare(spark, settings)
+    query = pipeline.start_silence()
+    alerts_path = tables.table_path(lake, tables.ALERTS)
+
+    def alerts() -> dict[tuple[str, str], dict[str, Any]]:
+        if not Path(alerts_path, "_delta_log").exists():
+            return {}
+        return {(r["device_id"], r["alert_type"]): r for r in table_alerts(lake).values()}
+
+    def wait_for(what: str, ready: Callable[[dict[tuple[str, str], dict[str, Any]]], bool]) -> None:
+        deadline = time.monotonic() + 180
+        while not ready(alerts()):
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, f"{what}: {alerts()}"
+            time.sleep(1)
+
+    try:
+        produce(bootstrap, topic, encoded(e for _, e in early))
+        wait_for("three silences", lambda a: len(a) >= 3)
+        time.sleep(5)  # whatever else would come, comes now
+        found = alerts()
+        assert set(found) == {("quiet", "device_silent"), ("gone", "device_silent"),
+                              ("gateway", "device_silent")}  # fmt: skip
+        for device in ("quiet", "gone", "gateway"):
+            row = found[(device, "device_silent")]
+            assert row["window_start"] == at(580) and row["first_event_time"] == at(580)
+            assert row["window_end"] is None  # silent now
+            # Detected once the watermark (the stream's newest event time, 1080 s, less 10 s)
+            # passed 580 + 100 s: in the batch that read them or a later one.
+            assert at(680) <= row["last_event_time"] <= at(1070)
+            assert row["alert_id"] == alert_id_of(device, "device_silent", at(580))
+            assert (row["severity"], row["status"]) == ("high", c.ALERT_RAISED)
+            assert row["reasons"] == [
+                f"no reading since {at(580):%Y-%m-%d %H:%M:%S} UTC for over 1 min 40 s (it "
+                "reports about every 20 s)"
+            ]
+
+        # "gone" is retired: its silence ends there, and it is forgotten.
+        _retire(lake, "gone")
+        wait_for("retirement", lambda a: a[("gone", "device_silent")]["window_end"] is not None)
+        gone = alerts()[("gone", "device_silent")]
+        assert gone["window_end"] == at(1070)
+        assert gone["reasons"][-1] == f"retired in the registry at {at(1070):%Y-%m-%d %H:%M:%S} UTC"
+
+        produce(bootstrap, topic, encoded(e for _, e in buffered + late))
+        wait_for("quiet back, the burst", lambda a: ("gateway", "late_burst") in a
+                 and a[("quiet", "device_silent")]["window_end"] is not None)  # fmt: skip
+        time.sleep(5)
+        found = alerts()
+        assert set(found) == {("quiet", "device_silent"), ("gone", "device_silent"),
+                              ("gateway", "device_silent"), ("gateway", "late_burst")}  # fmt: skip
+        quiet = found[("quiet", "device_silent")]
+        assert (quiet["window_start"], quiet["window_end"]) == (at(580), at(1200))
+        assert (
+            quiet["reasons"][-1]
+            == f"reported again at {at(1200):%Y-%m-%d %H:%M:%S} UTC, after 10 min 20 s"
+        )
+        # The gateway was heard from again when its first buffered reading arrived, behind the
+        # watermark (1070 s): the silence ends there.
+        assert found[("gateway", "device_silent")]["window_end"] == at(1070)
+        burst = found[("gateway", "late_burst")]
+        # Its buffered readings 600..1060 s were behind the watermark; 1080 s was not.
+        assert (burst["window_start"], burst["first_event_time"]) == (at(600), at(600))
+        assert (burst["window_end"], burst["last_event_time"]) == (at(1060), at(1060))
+        assert burst["reasons"] == [
+            f"24 readings arrived late, the oldest 7 min 50 s behind the stream (event times "
+            f"{at(600):%Y-%m-%d %H:%M:%S} UTC to {at(1060):%Y-%m-%d %H:%M:%S} UTC): readings sent "
+            "in a burst after the device was offline"
+        ]
+        assert burst["severity"] == "medium"
+
+        # Every change was published first: the topic's latest message per alert is the row.
+        latest = {}
+        for message in topic_messages(bootstrap, settings.alerts_topic):
+            record = read_alert_message(message.value())
+            record.pop(PATH)
+            latest[record["alert_id"]] = record
+        assert latest == table_alerts(lake)
+    finally:
+        pipeline.stop()
+
+
+def _retire(lake: str, device_id: str) -> None:
+    """Mark ``device_id`` retired in the registry, as a registry update does (a MERGE)."""
+    from deltalake import DeltaTable
+
+    DeltaTable(tables.table_path(lake, tables.DEVICES)).update(
+        predicate=f"device_id = '{device_id}'", updates={"status": "'retired'"}
+    )

@@ -20,8 +20,9 @@ seen by 10-minute sliding windows. Outside injections, telemetry is clean.
   simulated clock lags the wall clock until its end).
 - malformed: every 10 s the device sends a message that is malformed in one way, labelled with the
   quarantine reason it must get (``infra.contract.REASON_*``).
-- silence: the device sends nothing for 5 minutes to an hour (log-uniform), then reports again; or
-  never does (the injection runs to the run's end).
+- silence: the device sends nothing for ``silence_min_s`` to ``silence_max_s`` (5 minutes to an
+  hour by default, log-uniform), then reports again; or never does (``silence_resume_probability``):
+  the injection then runs to the run's end.
 - store_and_forward: the device is offline for the window and keeps its readings; at the window's
   end it sends them all in a burst, a few ms apart, byte for byte (original event_time and seq),
   then reports normally again.

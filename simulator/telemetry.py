@@ -328,25 +328,31 @@ def _withhold(
     holders = [s for s in running if s.withholds]
     if not holders:
         return events, keys, values, []
+    # One pass over the slice for all their devices, then one over those readings per injection.
+    theirs = np.flatnonzero(np.isin(events.dev, [s.dev for s in holders]))
     held = np.zeros(len(events), bool)
     withheld: list[sc.Withheld] = []
     for scenario in holders:
-        idx = scenario.readings(events, np.flatnonzero(events.dev == scenario.dev))
+        idx = scenario.readings(events, theirs[events.dev[theirs] == scenario.dev])
         idx = idx[~held[idx]]
         if not idx.size:
             continue
         held[idx] = True
         scenario.withheld += int(idx.size)
-        withheld += [sc.Withheld(scenario, float(events.t[i]), keys[i], values[i])
-                     for i in idx.tolist()]  # fmt: skip
+        times = events.t[idx].tolist()
+        withheld += [
+            sc.Withheld(scenario, t, keys[i], values[i])
+            for i, t in zip(idx.tolist(), times, strict=True)
+        ]
     if not withheld:
         return events, keys, values, []
     withheld.sort(key=lambda w: w.send_s)
     sent = ~held
+    mask = sent.tolist()
     return (
         events.take(np.flatnonzero(sent)),
-        list(itertools.compress(keys, sent.tolist())),
-        list(itertools.compress(values, sent.tolist())),
+        list(itertools.compress(keys, mask)),
+        list(itertools.compress(values, mask)),
         withheld,
     )
 

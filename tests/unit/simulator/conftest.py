@@ -37,6 +37,7 @@ def scenario_run(registry: pa.Table) -> Run:
     settings = SimulatorSettings(devices=200, seed=11, scenarios=[], batch_events=3000)
     sim = Simulation(settings, registry, start_time=START, run_id="test-run")
     for i, scenario in enumerate(c.SCENARIOS):
-        sim.inject(scenario, start_s=120.0 + 30 * i, duration_s=900.0)
+        params = {"resumes": True} if scenario == "silence" else {}
+        sim.inject(scenario, start_s=120.0 + 30 * i, duration_s=900.0, **params)
     batches = list(sim.batches(sim_seconds=2400))
     return Run(registry, batches, sim.finish(), sim)

@@ -85,8 +85,7 @@ def test_kinds_fit_the_devices_whose_sensors_they_change(kind: str, fits: set[st
     assert {t for t in c.DEVICE_TYPES if sc.KINDS[kind].fits(t)} == fits
 
 
-def test_only_kinds_that_change_or_withhold_readings_wait_for_the_warm_up_and_none_starts_in_the_tail(
-) -> None:
+def test_kinds_that_change_or_withhold_readings_wait_for_the_warm_up_none_in_the_tail() -> None:
     settings = SimulatorSettings(scenario_warmup_s=600, duration=60, accelerate=60,
                                  quiet_tail_s=300)  # fmt: skip
     waiting = {k for k, kind in sc.KINDS.items() if not kind.may_start(100.0, settings)}

@@ -23,7 +23,12 @@ holds value scenarios back for the detector's cold start and keeps a quiet tail 
   time to detect; alert latency);
 - false alerts per 10,000 clean device-windows, by alert type: an alert is false when no
   injection explains it, as ``models.evaluation`` decides (mostly: its window overlaps no
-  injection on its device); clean device-windows are the ``features`` windows that overlap none.
+  injection on its device); clean device-windows are the ``features`` windows that overlap none;
+- silences: per ``device_silent`` alert that a ``silence`` or ``store_and_forward`` injection
+  explains, the event time from the device's last reading to the detection (its
+  ``last_event_time``), against ``IOT_PIPELINE_SILENCE_K`` x the device's interval (the median
+  gap between its readings in ``telemetry``) and against that plus two trigger intervals in event
+  time (1 s of wall clock is ``--accelerate`` s of event time).
 """
 
 from __future__ import annotations
@@ -57,6 +62,41 @@ def false_alerts(lake_root: str) -> tuple[int, pd.Series]:
         return 0, pd.Series(dtype="int64")
     clean = int((window_labels(windows, truth, 0.0) == CLEAN).sum())
     return clean, false_alerts_of(alerts, truth)["alert_type"].value_counts()
+
+
+def silence_timing(lake_root: str, accelerate: float) -> str:
+    """How long after a device's last reading its silence was detected (module docstring)."""
+    from pipeline.settings import PipelineSettings, seconds
+
+    truth = read_table(lake_root, lake.GROUND_TRUTH, ["device_id", "scenario", "start_time",
+                                                      "end_time"])  # fmt: skip
+    alerts = standing_alerts(lake_root, ["device_id", "alert_type", "window_start", "window_end",
+                                         "first_event_time", "last_event_time"])  # fmt: skip
+    events = read_table(lake_root, lake.TELEMETRY, ["device_id", "event_time"])
+    if truth is None or alerts is None or events is None:
+        return "silences: no alerts"
+    silent = alerts[alerts["alert_type"] == "device_silent"]
+    absent = truth[truth["scenario"].isin(["silence", "store_and_forward"])]
+    pairs = silent.merge(absent, on="device_id")
+    ends = pairs["window_end"].fillna(pd.Timestamp.max)
+    pairs = pairs[(pairs["window_start"] < pairs["end_time"]) & (ends > pairs["start_time"])]
+    if pairs.empty:
+        return "silences: none detected"
+    gaps = (events.sort_values("event_time").groupby("device_id")["event_time"].diff()
+            .dt.total_seconds())  # fmt: skip
+    interval = gaps.groupby(events["device_id"]).median()
+    settings = PipelineSettings()
+    k, trigger_s = settings.silence_k, seconds(settings.trigger_interval)
+    took = (pairs["last_event_time"] - pairs["first_event_time"]).dt.total_seconds()
+    bound = k * pairs["device_id"].map(interval)
+    over = took - bound
+    return (
+        f"silences: {len(pairs)} detected; from the last reading to detection (event time) median "
+        f"{took.median():.0f} s, against k x interval median {bound.median():.0f} s: "
+        f"{over.median():+.0f} s (max {over.max():+.0f} s); 2 trigger intervals are "
+        f"{2 * trigger_s * accelerate:.0f} s of event time at {accelerate:g}x; within k x interval "
+        f"+ 2 triggers: {(over <= 2 * trigger_s * accelerate).sum()} of {len(pairs)}"
+    )
 
 
 def run(seed: int, args: argparse.Namespace) -> None:
@@ -96,6 +136,8 @@ def run(seed: int, args: argparse.Namespace) -> None:
             f"{sum(per_10k.values()):.2f} in all; by type {per_10k or 'none'}",
             flush=True,
         )
+        accelerate = 1.0 if args.interrupt_after is not None else args.accelerate
+        print(silence_timing(f"{tmp}/lake", accelerate), flush=True)
 
 
 def demo(command: list[str], cwd: str, env: dict[str, str], args: argparse.Namespace) -> str:

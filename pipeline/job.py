@@ -330,9 +330,11 @@ class Pipeline:
         return query
 
     def start_silence(self) -> StreamingQuery:
-        """Silent devices and late bursts (``pipeline.silence``): the readings of the source and
-        the registry's changes (a Delta stream; ``ignoreChanges``: a registry update rewrites
-        files, whose rows come again, and only say each device's status once more)."""
+        """Silent devices and late bursts (``pipeline.silence``): the readings of the source, one
+        group per partition of the topic, and the registry's retirements (a Delta stream;
+        ``ignoreChanges``: a registry update rewrites files, whose rows come again, and only say
+        each device's status once more). Partitions added to the topic later get no
+        retirements made before the query started."""
         s = self.settings
         registry = (
             self.spark.readStream.format("delta")
@@ -340,7 +342,9 @@ class Pipeline:
             .load(lake.table_path(s.lake_root, lake.DEVICES))
         )
         readings = events_and_flagged(self._parsed())
-        rows = silence_input(readings, registry, watermark=s.silence_watermark)
+        partitions = (topic_partitions(s) if s.source == "kafka" else None) or 1
+        rows = silence_input(readings, self._table(lake.DEVICES), registry,
+                             lateness=s.silence_watermark, partitions=partitions)  # fmt: skip
         writer = SilenceBatchWriter(lake.table_path(s.lake_root, lake.ALERTS), self.publisher)
         with session_conf(self.spark, STATE_STORE_CONF, SILENCE_STATE_STORE):
             return self._start(silence_changes(rows, s.silence_spec()), SILENCE, writer,

@@ -162,9 +162,9 @@ class PipelineSettings(CommonSettings):
     )
     silence_watermark: str = Field(
         default="10 seconds",
-        description="How far behind the newest event time a reading may arrive and still count "
-        "as on time for the silence query; later ones are late (late_burst). Its silences are "
-        "raised this much after they are due",
+        description="How far behind the newest event time read from its Kafka partition a "
+        "reading may arrive and still count as on time for the silence query; later ones are "
+        "late (late_burst). Silences are raised this much after they are due",
     )
     late_burst_min: int = Field(
         default=10, ge=1, description="Late readings in a row from one device that raise late_burst"
@@ -333,6 +333,7 @@ class PipelineSettings(CommonSettings):
             prior_s=float(seconds(self.silence_prior_interval)),
             type_prior_s=dict(self.silence_type_intervals),
             late_burst_min=self.late_burst_min,
+            lateness_ms=1000 * seconds(self.silence_watermark),
         )
 
 

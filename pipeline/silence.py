@@ -1,36 +1,46 @@
 """Silent devices: a device that stops reporting, and readings that arrive late in a burst.
 
 A window aggregation cannot see absence: no events, no window. This query keeps, per registered
-device, when it last reported and how often it normally does, and sets an event-time timer at
-the moment it becomes overdue. When the watermark passes that moment with no reading, the device
-is silent: ``device_silent``. When it reports again, the same alert (same ``alert_id``) gets the
-end of the silence. A store-and-forward gateway that comes back sends its buffered readings with
-their original event times, far behind the stream: counted per device, they raise ``late_burst``.
+device, when it last reported and how often it normally does. When the stream's event time
+passes the moment it becomes overdue with no reading from it, the device is silent:
+``device_silent``. When it reports again, the same alert (same ``alert_id``) gets the end of the
+silence. A store-and-forward gateway that comes back sends its buffered readings with their
+original event times, behind what it sent before them: counted per device, they raise
+``late_burst``.
 
 The query (``pipeline.job``): the topic -> parse -> readings (valid, or quarantined as out of
-range or with a clock ahead: a device that sends them is not silent) -> event time, watermarked
--> union with the ``devices`` table read as a stream (registrations, retirements) -> grouped by
-bucket -> ``SilenceProcessor`` (``transformWithStateInPandas``, event-time timers) -> alert
-changes -> ``SilenceBatchWriter`` (MERGE into ``alerts`` by ``alert_id``, published first).
+range or with a clock ahead: a device that sends them is not silent) joined with the registry
+-> grouped by Kafka partition -> ``SilenceProcessor`` (``transformWithStateInPandas``) -> alert
+changes -> ``SilenceBatchWriter`` (MERGE into ``alerts`` by ``alert_id``, published first). The
+``devices`` table read as a stream brings retirements.
 
 Why these choices:
 
-- **transformWithStateInPandas**, not applyInPandasWithState: it has event-time timers that fire
-  when the watermark passes them, with no input for the key, which is exactly a silence; the
-  older API has one timeout per group and no way to read the watermark a reading arrived under.
-  It needs the RocksDB state store (``SILENCE_STATE_STORE``), which the other queries need not.
-- **Buckets of devices**, not one group per device: every group costs a round trip between the
-  Python worker and the JVM's state server, so a group per device makes a 25,000-device batch
-  slow. Devices are hashed into ``BUCKETS`` groups; each keeps its devices in one state value (an
-  Arrow table) and one timer, at the earliest moment one of them becomes overdue.
-- **The watermark on the readings, dropped before grouping**: Spark drops readings behind the
-  watermark before a stateful operator sees them, but here they are the signal (a burst). So the
-  event time travels as a plain number; the timers still follow the readings' watermark.
+- **The stream's time is each Kafka partition's own.** A device's messages all go to one
+  partition (keyed by device_id), in the order they were sent. Spark's watermark is one for the
+  whole stream, the newest event time of any partition: when a query catches up on a backlog
+  (after a restart, or in a burst of traffic), partitions are read to different event times, and
+  against that watermark the devices of a partition read behind would be silent, and their
+  readings late, for no fault of theirs. So each partition keeps its own clock, the newest event
+  time read from it, and readings are taken in offset order: whether a device is overdue, or a
+  reading late, depends only on what the partition held before it, not on how the input was cut
+  into micro-batches. A replay after a crash, a catch-up and a live run decide the same.
+- **transformWithStateInPandas** (not applyInPandasWithState) for its **event-time timers**: a
+  partition that receives nothing (every device on it quiet, or its producer gone) has no
+  reading to move its clock. A timer at its earliest deadline fires when Spark's watermark (the
+  newest event time of the whole stream, less ``SilenceSpec.lateness_ms``) passes it in a
+  micro-batch that brought the partition nothing: it is idle, and its clock is the stream's.
+  The older API has one timeout per group, and no watermark to read in it. It needs the RocksDB
+  state store (``SILENCE_STATE_STORE``), which the other queries need not.
+- **One group per partition**, its devices in one state value (an Arrow table): a group per
+  device would cost a round trip between the Python worker and the JVM's state server for each.
+- **The watermark is on the readings, and dropped before grouping**: Spark drops rows behind the
+  watermark before a stateful operator sees them, but here late rows are the signal (a burst).
 - **Event time is capped at the message's Kafka timestamp**: a reading was not taken after it was
   sent, and a device clock running ahead (up to ``max_clock_ahead`` passes the parser) would move
-  the watermark, and make every other device overdue.
+  its partition's clock, and make the partition's other devices overdue.
 
-Semantics (``step``, pure and tested without Spark):
+Semantics (``Partition``, pure and tested without Spark):
 
 - A device's expected interval is learned from its own gaps between readings in event-time
   order, starting from a prior (``SilenceSpec.prior_s``, per device type if given) that counts
@@ -38,20 +48,23 @@ Semantics (``step``, pure and tested without Spark):
   fading with a half-life of ``memory`` event time, so a device that reports in bursts is not
   silent between them.
 - It is overdue when ``k`` x its interval (or twice its longest normal gap, if longer) has
-  passed since it was last heard from. A gap that long is a silence whenever it is seen: when
-  the watermark passes it (the timer), or when the next reading arrives first. A silence is not
+  passed since it was last heard from, on its partition's clock less ``lateness_ms`` (the
+  allowance for readings of one partition arriving out of order). A gap that long is a silence
+  however it is seen: the clock passing it, or the device's next reading. A silence is not
   learned as a gap; it raises the longest gap only up to the threshold it passed
   (``Device.remember_silence``), so pauses that come back become normal in a few rounds.
-- Heard from: a reading's event time, or the watermark it arrived under if that is later (a
-  reading behind the stream still says the device is alive now).
-- Late: a reading behind the watermark that is newer than the device's latest reading (so not a
-  copy or a replay of one it sent). Consecutive late readings are one burst; ``late_burst_min``
-  of them raise ``late_burst``, updated as the burst grows; an on-time reading ends the burst.
-- Devices that are not registered (active) are not followed (``rogue_device`` is their alert);
-  a device retired in the registry is forgotten, and its open silence ends there.
+- Heard from: a reading's event time, or the partition's time when it arrived if that is later
+  (a reading behind the stream still says the device is alive now).
+- Late: a reading more than ``lateness_ms`` behind its partition's clock that is newer than the
+  device's latest reading (so not a copy or a replay of one it sent). Consecutive late readings
+  are one burst; ``late_burst_min`` of them raise ``late_burst``, updated as the burst grows; an
+  on-time reading ends the burst.
+- Devices that are not registered are not followed (``rogue_device`` is their alert); a device
+  retired in the registry is forgotten, and its open silence ends there: state is bounded by the
+  fleet.
 
-Exactly once: the state is Spark's, committed with the batch, and a replayed batch sees the
-same readings, watermark and state, so it produces the same changes; the MERGE by ``alert_id``
+Exactly once: the state is Spark's, committed with the batch, and a replayed batch reads the
+same offsets into the same state, so it produces the same changes; the MERGE by ``alert_id``
 makes writing them again a no-op.
 """
 
@@ -63,7 +76,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
@@ -86,13 +98,11 @@ from pipeline.alerts import (
     records,
     upsert_alerts,
 )
+from pipeline.features import with_device
 
 log = logging.getLogger(__name__)
 
 SILENT, LATE_BURST = c.SILENCE_ALERT_TYPES
-# Groups the devices are hashed into. The state is keyed by it: changing it needs a new
-# checkpoint for the silence query.
-BUCKETS = 64
 # transformWithState keeps its state in RocksDB only.
 SILENCE_STATE_STORE = ROCKSDB_PROVIDER
 # The prior interval weighs as much as this many of the device's own gaps; then each new gap
@@ -101,11 +111,15 @@ PRIOR_GAPS = 2
 MIN_WEIGHT = 0.05
 SEVERITY = {SILENT: "high", LATE_BURST: "medium"}
 
-# Input rows of the processor: a reading (``kind`` READING, ``ts`` its event time in ms) or a
-# registry row (``kind`` the device's status, ``device_type``).
-READING = "reading"
-ACTIVE, RETIRED = "active", "retired"
-INPUT_SCHEMA = "device_id string, kind string, ts long, device_type string"
+# Input rows of the processor, grouped by ``partition``: a reading (``kind`` READING, ``ts`` its
+# event time in ms, ``offset`` its Kafka offset, ``registered``) or a retirement (``kind``
+# RETIRED, from the registry, sent to every partition).
+READING, RETIRED = "reading", "retired"
+INPUT_SCHEMA = (
+    "partition int, offset long, device_id string, kind string, ts long, device_type string, "
+    "registered boolean"
+)
+INPUT_COLUMNS = [part.split()[0] for part in INPUT_SCHEMA.split(", ")]
 # One row per alert change: what ``silence_alerts`` turns into alert rows.
 CHANGES_SCHEMA = (
     "device_id string, alert_type string, start_ms long, first_ms long, detected_ms long, "
@@ -125,6 +139,7 @@ class SilenceSpec:
     # Prior interval per device type (seconds), where known better than ``prior_s``.
     type_prior_s: dict[str, float] = field(default_factory=dict)
     late_burst_min: int = 10
+    lateness_ms: int = 10_000  # how far behind its partition's clock a reading is still on time
     memory_s: float = 3600.0  # half-life of a device's longest normal gap, in event time
 
     def prior_ms(self, device_type: str | None) -> float:
@@ -149,7 +164,7 @@ class Device:
     burst_from_ms: int | None = None
     burst_to_ms: int | None = None
     burst_readings: int = 0
-    burst_behind_ms: int = 0  # how far behind the watermark its oldest reading arrived
+    burst_behind_ms: int = 0  # how far behind the stream its oldest reading arrived
 
     def interval(self, spec: SilenceSpec) -> float:
         return spec.prior_ms(self.device_type) if math.isnan(self.interval_ms) else self.interval_ms
@@ -195,7 +210,7 @@ if sorted(_DEVICE_SCHEMA.names) != sorted(["device_id", *_DEVICE_FIELDS]):
 
 
 def pack(devices: dict[str, Device]) -> bytes:
-    """A bucket's devices as one state value: an Arrow IPC stream."""
+    """A partition's devices as one state value: an Arrow IPC stream."""
     columns: dict[str, list[Any]] = {"device_id": list(devices)}
     for name in _DEVICE_FIELDS:
         columns[name] = [getattr(d, name) for d in devices.values()]
@@ -221,120 +236,157 @@ def _change(device_id: str, alert_type: str, **values: Any) -> dict[str, Any]:
     return row
 
 
-def _silence(device_id: str, d: Device, spec: SilenceSpec, *, end_ms: int | None = None,
-             ended_by: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """The change of ``d``'s open silence (ended at ``end_ms`` when given)."""
-    assert d.silent_from_ms is not None
-    return _change(device_id, SILENT, start_ms=d.silent_from_ms, first_ms=d.silent_from_ms,
-                   detected_ms=d.silent_seen_ms, end_ms=end_ms, readings=0,
-                   interval_ms=round(d.interval(spec)), threshold_ms=d.silent_threshold_ms,
-                   ended_by=ended_by)  # fmt: skip
+@dataclass
+class Partition:
+    """The devices of one Kafka partition and its clock: the newest event time read from it.
 
+    ``read``, ``retire`` and ``idle`` change it and return the alert changes they make
+    (CHANGE_COLUMNS); ``next_deadline`` is when its earliest device becomes overdue.
+    """
 
-def _burst(device_id: str, d: Device, spec: SilenceSpec) -> dict[str, Any]:
-    assert d.burst_from_ms is not None
-    return _change(device_id, LATE_BURST, start_ms=d.burst_from_ms, first_ms=d.burst_from_ms,
-                   detected_ms=d.burst_to_ms, end_ms=d.burst_to_ms, readings=d.burst_readings,
-                   behind_ms=d.burst_behind_ms, interval_ms=round(d.interval(spec)))  # fmt: skip
+    spec: SilenceSpec
+    devices: dict[str, Device] = field(default_factory=dict)
+    clock_ms: int | None = None
+    # No device is overdue before this (a lower bound: devices reporting move theirs later).
+    _due_from: float = field(default=-math.inf, repr=False)
 
+    @property
+    def now_ms(self) -> int | None:
+        """The partition's time: its clock less the lateness allowed to its readings."""
+        return None if self.clock_ms is None else self.clock_ms - self.spec.lateness_ms
 
-def _go_silent(device_id: str, d: Device, spec: SilenceSpec, seen_ms: int) -> None:
-    d.silent_from_ms = d.last_ms if d.last_ms is not None else d.heard_ms
-    d.silent_seen_ms = seen_ms
-    d.silent_threshold_ms = d.threshold_ms(spec)
-
-
-def _read(device_id: str, d: Device, times: np.ndarray, watermark_ms: int,
-          spec: SilenceSpec) -> list[dict[str, Any]]:  # fmt: skip
-    """Apply one device's readings of a batch (event times, ascending); return its changes."""
-    changes: list[dict[str, Any]] = []
-    burst_grew = False
-    for ts in times.tolist():
-        seen = max(ts, watermark_ms)
-        overdue_now = d.heard_ms is not None and seen - d.heard_ms > d.threshold_ms(spec)
-        if d.silent_from_ms is None and overdue_now:
-            # Overdue before the watermark said so: the reading ends a silence seen only now.
-            assert d.heard_ms is not None
-            _go_silent(device_id, d, spec, d.heard_ms + d.threshold_ms(spec))
+    def read(self, device_id: str, ts: int, device_type: str | None) -> list[dict[str, Any]]:
+        """A registered device's reading at event time ``ts``, the next in the partition."""
+        spec, now = self.spec, self.now_ms
+        d = self.devices.setdefault(device_id, Device(device_type=device_type))
+        seen = ts if now is None else max(ts, now)
+        changes: list[dict[str, Any]] = []
+        if d.silent_from_ms is None and d.heard_ms is not None:
+            threshold = d.threshold_ms(spec)
+            if seen - d.heard_ms > threshold:
+                # Overdue before the clock said so: the reading ends a silence seen only now.
+                self._go_silent(d, d.heard_ms + threshold)
         if d.silent_from_ms is not None:
-            changes.append(_silence(device_id, d, spec, end_ms=seen, ended_by=ENDED_BY_READING))
+            changes.append(self._silence(device_id, d, end_ms=seen, ended_by=ENDED_BY_READING))
             d.remember_silence(seen - d.silent_from_ms)
             d.silent_from_ms = d.silent_seen_ms = d.silent_threshold_ms = None
         elif d.last_ms is not None and ts > d.last_ms:
             d.learn(ts - d.last_ms, spec)
         newer = d.last_ms is None or ts > d.last_ms
-        if ts < watermark_ms and newer:
+        if now is not None and ts < now and newer:
             if d.burst_from_ms is None:
-                d.burst_from_ms, d.burst_readings, d.burst_behind_ms = ts, 0, watermark_ms - ts
+                d.burst_from_ms, d.burst_readings, d.burst_behind_ms = ts, 0, now - ts
             d.burst_to_ms = ts
             d.burst_readings += 1
-            burst_grew = True
-        elif ts >= watermark_ms:
-            if burst_grew and d.burst_readings >= spec.late_burst_min:
-                changes.append(_burst(device_id, d, spec))
-            burst_grew = False
+            if d.burst_readings >= spec.late_burst_min:
+                changes.append(self._burst(device_id, d))
+        elif now is None or ts >= now:
             d.burst_from_ms = d.burst_to_ms = None
             d.burst_readings = d.burst_behind_ms = 0
         d.last_ms = ts if d.last_ms is None else max(d.last_ms, ts)
         d.heard_ms = seen if d.heard_ms is None else max(d.heard_ms, seen)
-    if burst_grew and d.burst_readings >= spec.late_burst_min:
-        changes.append(_burst(device_id, d, spec))
-    return changes
-
-
-def step(
-    devices: dict[str, Device], rows: pd.DataFrame, watermark_ms: int, spec: SilenceSpec
-) -> list[dict[str, Any]]:
-    """Apply a batch's ``rows`` (INPUT_SCHEMA: registry rows, then readings) to ``devices`` (in
-    place) under ``watermark_ms``, then raise the silences it makes due; return the alert
-    changes (CHANGE_COLUMNS)."""
-    changes: list[dict[str, Any]] = []
-    registry = rows[rows["kind"] != READING]
-    for device_id, kind, device_type in zip(registry["device_id"], registry["kind"],
-                                            registry["device_type"], strict=True):  # fmt: skip
-        if kind == RETIRED:
-            gone = devices.pop(device_id, None)
-            if gone is not None and gone.silent_from_ms is not None:
-                changes.append(_silence(device_id, gone, spec, end_ms=watermark_ms,
-                                        ended_by=ENDED_BY_RETIREMENT))  # fmt: skip
-        elif kind == ACTIVE:
-            devices.setdefault(device_id, Device()).device_type = device_type
-    readings = rows[rows["kind"] == READING].sort_values(["device_id", "ts"], kind="stable")
-    for device_id, times in readings.groupby("device_id", sort=False)["ts"]:
-        d = devices.get(str(device_id))
-        if d is not None:
-            changes += _read(str(device_id), d, times.to_numpy(np.int64), watermark_ms, spec)
-    return changes + overdue(devices, watermark_ms, spec)
-
-
-def overdue(
-    devices: dict[str, Device], watermark_ms: int, spec: SilenceSpec
-) -> list[dict[str, Any]]:
-    """Raise ``device_silent`` for the devices whose deadline the watermark has reached."""
-    changes = []
-    for device_id, d in devices.items():
         deadline = d.deadline_ms(spec)
-        if deadline is not None and deadline <= watermark_ms:
-            _go_silent(device_id, d, spec, watermark_ms)
-            changes.append(_silence(device_id, d, spec))
-    return changes
+        if deadline is not None:
+            self._due_from = min(self._due_from, deadline)
+        if self.clock_ms is None or ts > self.clock_ms:
+            changes += self._advance(ts)
+        return changes
+
+    def pass_by(self, ts: int) -> list[dict[str, Any]]:
+        """A reading of a device not followed (not registered): only the clock moves."""
+        if self.clock_ms is None or ts > self.clock_ms:
+            return self._advance(ts)
+        return []
+
+    def retire(self, device_id: str) -> list[dict[str, Any]]:
+        """The registry retired ``device_id``: forget it, and end its silence."""
+        gone = self.devices.pop(device_id, None)
+        if gone is None or gone.silent_from_ms is None or self.now_ms is None:
+            return []
+        return [self._silence(device_id, gone, end_ms=self.now_ms, ended_by=ENDED_BY_RETIREMENT)]
+
+    def idle(self, stream_ms: int) -> list[dict[str, Any]]:
+        """Nothing arrived from the partition while the stream reached ``stream_ms`` (its newest
+        event time): the partition's clock is the stream's."""
+        if self.clock_ms is not None and stream_ms <= self.clock_ms:
+            return []
+        return self._advance(stream_ms)
+
+    def next_deadline(self) -> int | None:
+        deadlines = [
+            t for d in self.devices.values() if (t := d.deadline_ms(self.spec)) is not None
+        ]
+        self._due_from = min(deadlines) if deadlines else math.inf
+        return min(deadlines) if deadlines else None
+
+    def _advance(self, clock_ms: int) -> list[dict[str, Any]]:
+        """Move the clock; raise ``device_silent`` for the devices it makes overdue."""
+        self.clock_ms = clock_ms
+        now = self.now_ms
+        assert now is not None
+        if now < self._due_from:
+            return []
+        changes = []
+        for device_id, d in self.devices.items():
+            deadline = d.deadline_ms(self.spec)
+            if deadline is not None and deadline <= now:
+                self._go_silent(d, now)
+                changes.append(self._silence(device_id, d))
+        self.next_deadline()
+        return changes
+
+    def _go_silent(self, d: Device, seen_ms: int) -> None:
+        d.silent_from_ms = d.last_ms if d.last_ms is not None else d.heard_ms
+        d.silent_seen_ms = seen_ms
+        d.silent_threshold_ms = d.threshold_ms(self.spec)
+
+    def _silence(self, device_id: str, d: Device, *, end_ms: int | None = None,
+                 ended_by: str | None = None) -> dict[str, Any]:  # fmt: skip
+        """The change of ``d``'s open silence (ended at ``end_ms`` when given)."""
+        return _change(device_id, SILENT, start_ms=d.silent_from_ms, first_ms=d.silent_from_ms,
+                       detected_ms=d.silent_seen_ms, end_ms=end_ms, readings=0,
+                       interval_ms=round(d.interval(self.spec)),
+                       threshold_ms=d.silent_threshold_ms, ended_by=ended_by)  # fmt: skip
+
+    def _burst(self, device_id: str, d: Device) -> dict[str, Any]:
+        return _change(device_id, LATE_BURST, start_ms=d.burst_from_ms, first_ms=d.burst_from_ms,
+                       detected_ms=d.burst_to_ms, end_ms=d.burst_to_ms, readings=d.burst_readings,
+                       behind_ms=d.burst_behind_ms,
+                       interval_ms=round(d.interval(self.spec)))  # fmt: skip
 
 
-def next_deadline(devices: dict[str, Device], spec: SilenceSpec) -> int | None:
-    deadlines = [t for d in devices.values() if (t := d.deadline_ms(spec)) is not None]
-    return min(deadlines) if deadlines else None
+def step(partition: Partition, rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """A micro-batch's ``rows`` of one partition (INPUT_COLUMNS): the retirements, then the
+    readings in offset order. Returns the alert changes."""
+    changes: list[dict[str, Any]] = []
+    for device_id in rows.loc[rows["kind"] == RETIRED, "device_id"]:
+        changes += partition.retire(str(device_id))
+    readings = rows[rows["kind"] == READING].sort_values("offset", kind="stable")
+    for device_id, ts, device_type, registered in zip(
+        readings["device_id"], readings["ts"], readings["device_type"], readings["registered"],
+        strict=True,
+    ):  # fmt: skip
+        if registered:
+            changes += partition.read(str(device_id), int(ts), device_type)
+            continue
+        if device_id in partition.devices:  # gone from the registry since
+            changes += partition.retire(str(device_id))
+        changes += partition.pass_by(int(ts))
+    # One change per alert: its latest.
+    latest = {(ch["device_id"], ch["alert_type"], ch["start_ms"]): ch for ch in changes}
+    return list(latest.values())
 
 
 class SilenceProcessor(StatefulProcessor):
-    """One bucket of devices (``step``): its devices in one state value, one event-time timer at
-    the earliest deadline among them."""
+    """One Kafka partition (``Partition``): its devices and its clock in the state, one
+    event-time timer at its earliest deadline for when it is idle (module docstring)."""
 
     def __init__(self, spec: SilenceSpec) -> None:
         self.spec = spec
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.devices = handle.getValueState("devices", "devices binary")
+        self.state = handle.getValueState("partition", "devices binary, clock_ms long")
 
     # Spark's names for the hooks and their keyword arguments.
     def handleInputRows(  # noqa: N802
@@ -343,8 +395,9 @@ class SilenceProcessor(StatefulProcessor):
         rows: Iterator[Any],
         timerValues: TimerValues,  # noqa: N803
     ) -> Iterator[pd.DataFrame]:
-        frame = pd.concat(list(rows), ignore_index=True)
-        yield from self._advance(frame, timerValues.getCurrentWatermarkInMs())
+        partition = self._load()
+        changes = step(partition, pd.concat(list(rows), ignore_index=True))
+        yield from self._save(partition, changes, timerValues.getCurrentWatermarkInMs())
 
     def handleExpiredTimer(  # noqa: N802
         self,
@@ -352,24 +405,30 @@ class SilenceProcessor(StatefulProcessor):
         timerValues: TimerValues,  # noqa: N803
         expiredTimerInfo: ExpiredTimerInfo,  # noqa: N803
     ) -> Iterator[pd.DataFrame]:
-        no_rows = pd.DataFrame({name: pd.Series(dtype="object") for name in ("device_id", "kind",
-                                "ts", "device_type")})  # fmt: skip
-        yield from self._advance(no_rows, timerValues.getCurrentWatermarkInMs())
+        # A timer fires only in a micro-batch that brought the partition nothing (every batch
+        # with input moves it past the watermark): the partition is idle.
+        watermark = timerValues.getCurrentWatermarkInMs()
+        partition = self._load()
+        changes = partition.idle(watermark + self.spec.lateness_ms)
+        yield from self._save(partition, changes, watermark)
 
-    def _advance(self, rows: pd.DataFrame, watermark_ms: int) -> Iterator[pd.DataFrame]:
-        held = self.devices.get()
-        devices = unpack(held[0] if held else None)
-        changes = step(devices, rows, max(watermark_ms, 0), self.spec)
-        # ``clear`` leaves timers behind: each is deleted by its time.
-        for timer in list(self.handle.listTimers()):
+    def _load(self) -> Partition:
+        held = self.state.get()
+        if held is None:
+            return Partition(self.spec)
+        return Partition(self.spec, unpack(held[0]), held[1])
+
+    def _save(
+        self, partition: Partition, changes: list[dict[str, Any]], watermark: int
+    ) -> Iterator[pd.DataFrame]:
+        for timer in list(self.handle.listTimers()):  # ``clear`` would leave them behind
             self.handle.deleteTimer(timer)
-        if devices:
-            self.devices.update((pack(devices),))
-            deadline = next_deadline(devices, self.spec)
-            if deadline is not None:
-                self.handle.registerTimer(deadline)
-        else:
-            self.devices.clear()
+        if partition.devices or partition.clock_ms is not None:
+            self.state.update((pack(partition.devices), partition.clock_ms))
+        deadline = partition.next_deadline()
+        if deadline is not None:
+            # Not in this micro-batch: a timer that expires fires after its input rows.
+            self.handle.registerTimer(max(deadline, max(watermark, 0) + 1))
         if changes:
             yield pd.DataFrame(changes, columns=CHANGE_COLUMNS)
 
@@ -385,28 +444,36 @@ def reading_time() -> Column:
     return F.least(F.col("event_time"), F.col("kafka_timestamp"))
 
 
-def silence_input(readings: DataFrame, registry: DataFrame, *, watermark: str) -> DataFrame:
-    """The processor's input: ``readings`` (``events_and_flagged`` rows) as event times under
-    ``watermark``, and ``registry`` (the ``devices`` table as a stream) as status rows."""
-    timed = readings.select("device_id", reading_time().alias("_t")).withWatermark("_t", watermark)
+def silence_input(
+    readings: DataFrame, devices: DataFrame, registry: DataFrame, *, lateness: str,
+    partitions: int,
+) -> DataFrame:  # fmt: skip
+    """The processor's input (INPUT_COLUMNS): ``readings`` (``events_and_flagged`` rows) with
+    their registration (``devices``, the static table), watermarked ``lateness`` behind; and the
+    retirements of ``registry`` (the ``devices`` table as a stream), one row per partition of
+    the topic (``partitions``)."""
+    retiring = F.coalesce(F.col("status") == RETIRED, F.lit(False))
+    timed = with_device(readings, devices).select(
+        F.coalesce(F.col("kafka_partition"), F.lit(0)).alias("partition"),
+        F.col("kafka_offset").alias("offset"), "device_id", reading_time().alias("_t"),
+        F.col("device_type"), (F.col("registered") & ~retiring).alias("registered"),
+    ).withWatermark("_t", lateness)  # fmt: skip
     heard = timed.select(
-        "device_id", F.lit(READING).alias("kind"), F.unix_millis("_t").alias("ts"),
-        F.lit(None).cast("string").alias("device_type"),
+        "partition", "offset", "device_id", F.lit(READING).alias("kind"),
+        F.unix_millis("_t").alias("ts"), "device_type", "registered",
     )  # fmt: skip
-    status = registry.select(
-        "device_id", F.col("status").alias("kind"), F.lit(None).cast("long").alias("ts"),
-        "device_type",
+    retired = registry.where(F.col("status") == RETIRED).select(
+        F.explode(F.sequence(F.lit(0), F.lit(max(partitions, 1) - 1))).alias("partition"),
+        F.lit(None).cast("long").alias("offset"), "device_id", F.lit(RETIRED).alias("kind"),
+        F.lit(None).cast("long").alias("ts"), "device_type", F.lit(False).alias("registered"),
     )  # fmt: skip
-    return heard.unionByName(status)
+    return heard.unionByName(retired)
 
 
 def silence_changes(rows: DataFrame, spec: SilenceSpec) -> DataFrame:
     """Alert changes (CHANGES_SCHEMA) from ``silence_input`` rows."""
-    bucket = F.pmod(F.xxhash64("device_id"), F.lit(BUCKETS))
-    return (
-        rows.withColumn("bucket", bucket)
-        .groupBy("bucket")
-        .transformWithStateInPandas(SilenceProcessor(spec), CHANGES_SCHEMA, "Update", "EventTime")
+    return rows.groupBy("partition").transformWithStateInPandas(
+        SilenceProcessor(spec), CHANGES_SCHEMA, "Update", "EventTime"
     )
 
 

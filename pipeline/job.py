@@ -12,9 +12,9 @@ firmware:        firmware changes in telemetry LEFT JOIN firmware_updates (strea
 fast_path:       source -> parse -> valid and flagging events -> registry join -> per-event
                  rules -> alerts topic   (Real-time Mode, Kafka sink; see ``pipeline.fastpath``)
 fast_log:        alerts topic -> fast messages -> fast_alerts   (Delta sink, appends)
-silence:         source -> parse -> readings (+ the devices table as a stream) -> per bucket of
-                 devices, event-time timers -> device_silent, late_burst (foreachBatch, MERGE;
-                 see ``pipeline.silence``)
+silence:         telemetry + flagging quarantine rows (Delta streams) -> registry join -> per
+                 Kafka partition, its own clock, event-time timers -> device_silent, late_burst
+                 (foreachBatch, MERGE; see ``pipeline.silence``)
 
 The firmware queries run with the Kafka source when IOT_FIRMWARE_TOPIC is set; the fast path in
 live runs with an alerts topic (IOT_PIPELINE_FAST_PATH); the silence query unless
@@ -330,10 +330,10 @@ class Pipeline:
         return query
 
     def start_silence(self) -> StreamingQuery:
-        """Silent devices and late bursts (``pipeline.silence``): the readings of the source, one
-        group per partition of the topic, and the registry's retirements (a Delta stream;
-        ``ignoreChanges``: a registry update rewrites files, whose rows come again, and only say
-        each device's status once more). Partitions added to the topic later get no
+        """Silent devices and late bursts (``pipeline.silence``): the readings in the bronze
+        tables, one group per partition of the topic, and the registry's retirements (a Delta
+        stream; ``ignoreChanges``: a registry update rewrites files, whose rows come again, and
+        only say each device's status once more). Partitions added to the topic later get no
         retirements made before the query started."""
         s = self.settings
         registry = (
@@ -341,13 +341,14 @@ class Pipeline:
             .option("ignoreChanges", "true")
             .load(lake.table_path(s.lake_root, lake.DEVICES))
         )
-        readings = events_and_flagged(self._parsed())
         partitions = (topic_partitions(s) if s.source == "kafka" else None) or 1
-        rows = silence_input(readings, self._table(lake.DEVICES), registry,
-                             lateness=s.silence_watermark, partitions=partitions)  # fmt: skip
+        rows = silence_input(self._stream(lake.TELEMETRY), self._stream(lake.QUARANTINE),
+                             self._table(lake.DEVICES), registry, lateness=s.silence_watermark,
+                             partitions=partitions)  # fmt: skip
         writer = SilenceBatchWriter(lake.table_path(s.lake_root, lake.ALERTS), self.publisher)
         with session_conf(self.spark, STATE_STORE_CONF, SILENCE_STATE_STORE):
             return self._start(silence_changes(rows, s.silence_spec()), SILENCE, writer,
+                               interval=s.silence_trigger_interval,
                                output_mode="update")  # fmt: skip
 
     def flush_metrics(self) -> None:

@@ -145,6 +145,11 @@ class PipelineSettings(CommonSettings):
         "reporting, late_burst when its readings arrive far behind the stream (README: silent "
         "devices)",
     )
+    silence_trigger_interval: str = Field(
+        default="5 seconds",
+        description="processingTime interval of the silence query; a silence is called up to "
+        "this much later (it takes minutes to be one)",
+    )
     silence_k: float = Field(
         default=5.0,
         gt=1,
@@ -221,6 +226,7 @@ class PipelineSettings(CommonSettings):
         "vacuum_retention",
         "silence_prior_interval",
         "silence_watermark",
+        "silence_trigger_interval",
     )
     @classmethod
     def _duration(cls, value: str) -> str:

@@ -8,11 +8,14 @@ silence. A store-and-forward gateway that comes back sends its buffered readings
 original event times, behind what it sent before them: counted per device, they raise
 ``late_burst``.
 
-The query (``pipeline.job``): the topic -> parse -> readings (valid, or quarantined as out of
-range or with a clock ahead: a device that sends them is not silent) joined with the registry
--> grouped by Kafka partition -> ``SilenceProcessor`` (``transformWithStateInPandas``) -> alert
-changes -> ``SilenceBatchWriter`` (MERGE into ``alerts`` by ``alert_id``, published first). The
-``devices`` table read as a stream brings retirements.
+The query (``pipeline.job``): ``telemetry`` and ``quarantine`` read as Delta streams (the
+valid readings; and those quarantined out of range or with a clock ahead, which say only that
+their device is alive) joined with the registry -> grouped by Kafka partition ->
+``SilenceProcessor`` (``transformWithStateInPandas``) -> alert changes -> ``SilenceBatchWriter``
+(MERGE into ``alerts`` by ``alert_id``, published first). The ``devices`` table read as a stream
+brings retirements. It reads the bronze tables, not the topic: a silence takes minutes to call,
+and parsing every message once more would cost the other queries more than the ingest's
+commit costs this one (docs/PERFORMANCE.md).
 
 Why these choices:
 
@@ -112,9 +115,10 @@ MIN_WEIGHT = 0.05
 SEVERITY = {SILENT: "high", LATE_BURST: "medium"}
 
 # Input rows of the processor, grouped by ``partition``: a reading (``kind`` READING, ``ts`` its
-# event time in ms, ``offset`` its Kafka offset, ``registered``) or a retirement (``kind``
-# RETIRED, from the registry, sent to every partition).
-READING, RETIRED = "reading", "retired"
+# event time in ms, ``offset`` its Kafka offset, ``registered``); a quarantined reading that
+# says its device is alive (``kind`` ALIVE; ``ts`` null for a clock ahead, whose time is wrong);
+# or a retirement (``kind`` RETIRED, from the registry, sent to every partition).
+READING, ALIVE, RETIRED = "reading", "alive", "retired"
 INPUT_SCHEMA = (
     "partition int, offset long, device_id string, kind string, ts long, device_type string, "
     "registered boolean"
@@ -285,11 +289,29 @@ class Partition:
             d.burst_readings = d.burst_behind_ms = 0
         d.last_ms = ts if d.last_ms is None else max(d.last_ms, ts)
         d.heard_ms = seen if d.heard_ms is None else max(d.heard_ms, seen)
-        deadline = d.deadline_ms(spec)
-        if deadline is not None:
-            self._due_from = min(self._due_from, deadline)
+        self._follow(d)
         if self.clock_ms is None or ts > self.clock_ms:
             changes += self._advance(ts)
+        return changes
+
+    def alive(
+        self, device_id: str, ts: int | None, device_type: str | None
+    ) -> list[dict[str, Any]]:
+        """A quarantined reading of a registered device (out of range, or with a clock ahead):
+        the device is alive at ``ts``, or at the partition's time when its clock is wrong. The
+        reading says nothing of its interval, and moves no clock; a silence still counts from
+        the device's last valid reading."""
+        when = ts if ts is not None else self.now_ms
+        if when is None:
+            return []
+        d = self.devices.setdefault(device_id, Device(device_type=device_type))
+        changes = []
+        if d.silent_from_ms is not None and when > d.silent_from_ms:
+            changes.append(self._silence(device_id, d, end_ms=when, ended_by=ENDED_BY_READING))
+            d.remember_silence(when - d.silent_from_ms)
+            d.silent_from_ms = d.silent_seen_ms = d.silent_threshold_ms = None
+        d.heard_ms = when if d.heard_ms is None else max(d.heard_ms, when)
+        self._follow(d)
         return changes
 
     def pass_by(self, ts: int) -> list[dict[str, Any]]:
@@ -311,6 +333,12 @@ class Partition:
         if self.clock_ms is not None and stream_ms <= self.clock_ms:
             return []
         return self._advance(stream_ms)
+
+    def _follow(self, d: Device) -> None:
+        """``d``'s deadline moved: the partition's earliest may be it."""
+        deadline = d.deadline_ms(self.spec)
+        if deadline is not None:
+            self._due_from = min(self._due_from, deadline)
 
     def next_deadline(self) -> int | None:
         deadlines = [
@@ -361,11 +389,16 @@ def step(partition: Partition, rows: pd.DataFrame) -> list[dict[str, Any]]:
     changes: list[dict[str, Any]] = []
     for device_id in rows.loc[rows["kind"] == RETIRED, "device_id"]:
         changes += partition.retire(str(device_id))
-    readings = rows[rows["kind"] == READING].sort_values("offset", kind="stable")
-    for device_id, ts, device_type, registered in zip(
-        readings["device_id"], readings["ts"], readings["device_type"], readings["registered"],
-        strict=True,
+    readings = rows[rows["kind"] != RETIRED].sort_values("offset", kind="stable")
+    for device_id, kind, ts, device_type, registered in zip(
+        readings["device_id"], readings["kind"], readings["ts"], readings["device_type"],
+        readings["registered"], strict=True,
     ):  # fmt: skip
+        if kind == ALIVE:
+            if registered:
+                changes += partition.alive(str(device_id), None if pd.isna(ts) else int(ts),
+                                           device_type)  # fmt: skip
+            continue
         if registered:
             changes += partition.read(str(device_id), int(ts), device_type)
             continue
@@ -445,22 +478,35 @@ def reading_time() -> Column:
 
 
 def silence_input(
-    readings: DataFrame, devices: DataFrame, registry: DataFrame, *, lateness: str,
-    partitions: int,
+    telemetry: DataFrame, quarantine: DataFrame, devices: DataFrame, registry: DataFrame, *,
+    lateness: str, partitions: int,
 ) -> DataFrame:  # fmt: skip
-    """The processor's input (INPUT_COLUMNS): ``readings`` (``events_and_flagged`` rows) with
-    their registration (``devices``, the static table), watermarked ``lateness`` behind; and the
-    retirements of ``registry`` (the ``devices`` table as a stream), one row per partition of
-    the topic (``partitions``)."""
+    """The processor's input (INPUT_COLUMNS): the readings of ``telemetry`` and the quarantined
+    ones that say their device is alive (``quarantine``: out of range, clock ahead), both Delta
+    streams, with their registration (``devices``, the static table), watermarked ``lateness``
+    behind; and the retirements of ``registry`` (the ``devices`` table as a stream), one row per
+    partition of the topic (``partitions``)."""
+    valid = telemetry.select(
+        "kafka_partition", "kafka_offset", "device_id", reading_time().alias("_t"),
+        F.lit(READING).alias("kind"),
+    )  # fmt: skip
+    reason = F.col("reason")
+    flagged = quarantine.where(reason.isin(*c.QUARANTINE_ALERT_TYPES)).select(
+        "kafka_partition", "kafka_offset", "device_id",
+        # A clock ahead: its event time is the very thing that is wrong.
+        F.when(reason != c.REASON_CLOCK_AHEAD, reading_time()).alias("_t"),
+        F.lit(ALIVE).alias("kind"),
+    )  # fmt: skip
     retiring = F.coalesce(F.col("status") == RETIRED, F.lit(False))
-    timed = with_device(readings, devices).select(
-        F.coalesce(F.col("kafka_partition"), F.lit(0)).alias("partition"),
-        F.col("kafka_offset").alias("offset"), "device_id", reading_time().alias("_t"),
-        F.col("device_type"), (F.col("registered") & ~retiring).alias("registered"),
-    ).withWatermark("_t", lateness)  # fmt: skip
-    heard = timed.select(
-        "partition", "offset", "device_id", F.lit(READING).alias("kind"),
-        F.unix_millis("_t").alias("ts"), "device_type", "registered",
+    heard = (
+        with_device(valid.unionByName(flagged), devices)
+        .withWatermark("_t", lateness)
+        .select(
+            F.coalesce(F.col("kafka_partition"), F.lit(0)).alias("partition"),
+            F.col("kafka_offset").alias("offset"), "device_id", "kind",
+            F.unix_millis("_t").alias("ts"), "device_type",
+            (F.col("registered") & ~retiring).alias("registered"),
+        )
     )  # fmt: skip
     retired = registry.where(F.col("status") == RETIRED).select(
         F.explode(F.sequence(F.lit(0), F.lit(max(partitions, 1) - 1))).alias("partition"),

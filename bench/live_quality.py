@@ -78,8 +78,12 @@ def silence_timing(lake_root: str, accelerate: float) -> str:
     silent = alerts[alerts["alert_type"] == "device_silent"]
     absent = truth[truth["scenario"].isin(["silence", "store_and_forward"])]
     pairs = silent.merge(absent, on="device_id")
-    ends = pairs["window_end"].fillna(pd.Timestamp.max)
-    pairs = pairs[(pairs["window_start"] < pairs["end_time"]) & (ends > pairs["start_time"])]
+    for name in ("window_start", "window_end", "first_event_time", "last_event_time",
+                 "start_time", "end_time"):  # fmt: skip
+        pairs[name] = pd.to_datetime(pairs[name], utc=True)
+    open_ended = pairs["window_end"].isna()  # still silent
+    pairs = pairs[(pairs["window_start"] < pairs["end_time"])
+                  & (open_ended | (pairs["window_end"] > pairs["start_time"]))]  # fmt: skip
     if pairs.empty:
         return "silences: none detected"
     gaps = (events.sort_values("event_time").groupby("device_id")["event_time"].diff()

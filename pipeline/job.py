@@ -12,8 +12,8 @@ firmware:        firmware changes in telemetry LEFT JOIN firmware_updates (strea
 fast_path:       source -> parse -> valid and flagging events -> registry join -> per-event
                  rules -> alerts topic   (Real-time Mode, Kafka sink; see ``pipeline.fastpath``)
 fast_log:        alerts topic -> fast messages -> fast_alerts   (Delta sink, appends)
-silence:         telemetry + flagging quarantine rows (Delta streams) -> registry join -> per
-                 Kafka partition, its own clock, event-time timers -> device_silent, late_burst
+silence:         source -> parse -> valid and flagging events -> registry join -> per Kafka
+                 partition, its own clock, event-time timers -> device_silent, late_burst
                  (foreachBatch, MERGE; see ``pipeline.silence``)
 
 The firmware queries run with the Kafka source when IOT_FIRMWARE_TOPIC is set; the fast path in
@@ -330,8 +330,8 @@ class Pipeline:
         return query
 
     def start_silence(self) -> StreamingQuery:
-        """Silent devices and late bursts (``pipeline.silence``): the readings in the bronze
-        tables, one group per partition of the topic, and the registry's retirements (a Delta
+        """Silent devices and late bursts (``pipeline.silence``): the readings of the source,
+        one group per partition of the topic, and the registry's retirements (a Delta
         stream; ``ignoreChanges``: a registry update rewrites files, whose rows come again, and
         only say each device's status once more). Partitions added to the topic later get no
         retirements made before the query started."""
@@ -342,9 +342,9 @@ class Pipeline:
             .load(lake.table_path(s.lake_root, lake.DEVICES))
         )
         partitions = (topic_partitions(s) if s.source == "kafka" else None) or 1
-        rows = silence_input(self._stream(lake.TELEMETRY), self._stream(lake.QUARANTINE),
-                             self._table(lake.DEVICES), registry, lateness=s.silence_watermark,
-                             partitions=partitions)  # fmt: skip
+        readings = events_and_flagged(self._parsed())
+        rows = silence_input(readings, self._table(lake.DEVICES), registry,
+                             lateness=s.silence_watermark, partitions=partitions)  # fmt: skip
         writer = SilenceBatchWriter(lake.table_path(s.lake_root, lake.ALERTS), self.publisher)
         with session_conf(self.spark, STATE_STORE_CONF, SILENCE_STATE_STORE):
             return self._start(silence_changes(rows, s.silence_spec()), SILENCE, writer,

@@ -8,14 +8,15 @@ silence. A store-and-forward gateway that comes back sends its buffered readings
 original event times, behind what it sent before them: counted per device, they raise
 ``late_burst``.
 
-The query (``pipeline.job``): ``telemetry`` and ``quarantine`` read as Delta streams (the
-valid readings; and those quarantined out of range or with a clock ahead, which say only that
-their device is alive) joined with the registry -> grouped by Kafka partition ->
-``SilenceProcessor`` (``transformWithStateInPandas``) -> alert changes -> ``SilenceBatchWriter``
-(MERGE into ``alerts`` by ``alert_id``, published first). The ``devices`` table read as a stream
-brings retirements. It reads the bronze tables, not the topic: a silence takes minutes to call,
-and parsing every message once more would cost the other queries more than the ingest's
-commit costs this one (docs/PERFORMANCE.md).
+The query (``pipeline.job``): the topic -> parse -> readings (valid; or quarantined out of
+range or with a clock ahead, which say only that their device is alive) joined with the
+registry -> grouped by Kafka partition -> ``SilenceProcessor`` (``transformWithStateInPandas``)
+-> alert changes -> ``SilenceBatchWriter`` (MERGE into ``alerts`` by ``alert_id``, published
+first). The ``devices`` table read as a stream brings retirements. It reads the topic, not the
+bronze tables: ``telemetry`` and ``quarantine`` are two Delta streams, committed side by side,
+so a device's quarantined readings could arrive after its partition's later valid ones, and a
+device whose every reading is quarantined (a clock hours ahead) would look silent meanwhile
+(docs/PERFORMANCE.md measured both).
 
 Why these choices:
 
@@ -478,32 +479,26 @@ def reading_time() -> Column:
 
 
 def silence_input(
-    telemetry: DataFrame, quarantine: DataFrame, devices: DataFrame, registry: DataFrame, *,
-    lateness: str, partitions: int,
+    readings: DataFrame, devices: DataFrame, registry: DataFrame, *, lateness: str,
+    partitions: int,
 ) -> DataFrame:  # fmt: skip
-    """The processor's input (INPUT_COLUMNS): the readings of ``telemetry`` and the quarantined
-    ones that say their device is alive (``quarantine``: out of range, clock ahead), both Delta
-    streams, with their registration (``devices``, the static table), watermarked ``lateness``
-    behind; and the retirements of ``registry`` (the ``devices`` table as a stream), one row per
-    partition of the topic (``partitions``)."""
-    valid = telemetry.select(
-        "kafka_partition", "kafka_offset", "device_id", reading_time().alias("_t"),
-        F.lit(READING).alias("kind"),
-    )  # fmt: skip
-    reason = F.col("reason")
-    flagged = quarantine.where(reason.isin(*c.QUARANTINE_ALERT_TYPES)).select(
-        "kafka_partition", "kafka_offset", "device_id",
-        # A clock ahead: its event time is the very thing that is wrong.
-        F.when(reason != c.REASON_CLOCK_AHEAD, reading_time()).alias("_t"),
-        F.lit(ALIVE).alias("kind"),
-    )  # fmt: skip
+    """The processor's input (INPUT_COLUMNS): ``readings`` (``events_and_flagged`` rows: valid,
+    or quarantined for a reason that says only that their device is alive) with their
+    registration (``devices``, the static table), watermarked ``lateness`` behind; and the
+    retirements of ``registry`` (the ``devices`` table as a stream), one row per partition of
+    the topic (``partitions``)."""
+    reason = F.col(col.REASON)
     retiring = F.coalesce(F.col("status") == RETIRED, F.lit(False))
     heard = (
-        with_device(valid.unionByName(flagged), devices)
+        with_device(readings, devices)
+        # A clock ahead: its event time is the very thing that is wrong.
+        .withColumn("_t", F.when(reason.isNull() | (reason != c.REASON_CLOCK_AHEAD),
+                                 reading_time()))
         .withWatermark("_t", lateness)
         .select(
             F.coalesce(F.col("kafka_partition"), F.lit(0)).alias("partition"),
-            F.col("kafka_offset").alias("offset"), "device_id", "kind",
+            F.col("kafka_offset").alias("offset"), "device_id",
+            F.when(reason.isNull(), F.lit(READING)).otherwise(F.lit(ALIVE)).alias("kind"),
             F.unix_millis("_t").alias("ts"), "device_type",
             (F.col("registered") & ~retiring).alias("registered"),
         )

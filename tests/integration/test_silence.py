@@ -49,13 +49,13 @@ def test_silences_end_on_the_same_alert_and_a_store_and_forward_burst_raises_lat
     # One partition: the order readings are read in is the order they were sent.
     topic = make_topic(partitions=1)
     start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=2)
-    write_registry(lake, ["steady", "quiet", "gone", "gateway"])
+    write_registry(lake, ["steady", "quiet", "gone", "gateway", "skewed"])
 
     def at(second: int) -> datetime:
         return start + timedelta(seconds=second)
 
-    def readings(device: str, seconds: range) -> list[tuple[int, dict[str, Any]]]:
-        return [(s, make_event(device, s // EVERY_S, at(s))) for s in seconds]
+    def readings(device: str, seconds: range, ahead_s: int = 0) -> list[tuple[int, dict[str, Any]]]:
+        return [(s, make_event(device, s // EVERY_S, at(s + ahead_s))) for s in seconds]
 
     # Event-time plan (seconds after start), one reading every 20 s:
     #   steady   0..1780
@@ -63,23 +63,25 @@ def test_silences_end_on_the_same_alert_and_a_store_and_forward_burst_raises_lat
     #   gone     0..580, never again (retired in the registry later)
     #   gateway  0..580, offline; its readings 600..1080 sent at once when the stream is at 1080
     #   rogue    0..300, not in the registry: not followed
+    #   skewed   0..1780, its clock 3 hours ahead from 600 s: quarantined (clock_ahead), alive
     early = sorted(
         readings("steady", range(0, 1100, EVERY_S)) + readings("quiet", range(0, 600, EVERY_S))
         + readings("gone", range(0, 600, EVERY_S)) + readings("gateway", range(0, 600, EVERY_S))
-        + readings("rogue", range(0, 320, EVERY_S)),
+        + readings("rogue", range(0, 320, EVERY_S)) + readings("skewed", range(0, 600, EVERY_S))
+        + readings("skewed", range(600, 1100, EVERY_S), ahead_s=3 * 3600),
         key=lambda r: r[0],
     )  # fmt: skip
     buffered = readings("gateway", range(600, 1100, EVERY_S))
     late = sorted(
         readings("steady", range(1100, 1800, EVERY_S))
         + readings("quiet", range(1200, 1800, EVERY_S))
-        + readings("gateway", range(1100, 1800, EVERY_S)),
+        + readings("gateway", range(1100, 1800, EVERY_S))
+        + readings("skewed", range(1100, 1800, EVERY_S), ahead_s=3 * 3600),
         key=lambda r: r[0],
     )  # fmt: skip
 
     settings = settings_for(lake, tmp_path, bootstrap, topic)
     pipeline = job.prepare(spark, settings)
-    pipeline.start_ingest()  # the silence query reads its telemetry and quarantine
     pipeline.start_silence()
     alerts_path = tables.table_path(lake, tables.ALERTS)
 

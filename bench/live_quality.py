@@ -27,8 +27,9 @@ holds value scenarios back for the detector's cold start and keeps a quiet tail 
 - silences: per ``device_silent`` alert that a ``silence`` or ``store_and_forward`` injection
   explains, the event time from the device's last reading to the detection (its
   ``last_event_time``), against ``IOT_PIPELINE_SILENCE_K`` x the device's interval (the median
-  gap between its readings in ``telemetry``) and against that plus two trigger intervals in event
-  time (1 s of wall clock is ``--accelerate`` s of event time).
+  gap between its readings in ``telemetry`` in the hour before) and against that plus two
+  trigger intervals of the silence query in event time (1 s of wall clock is ``--accelerate`` s
+  of event time).
 """
 
 from __future__ import annotations
@@ -86,13 +87,27 @@ def silence_timing(lake_root: str, accelerate: float) -> str:
                   & (open_ended | (pairs["window_end"] > pairs["start_time"]))]  # fmt: skip
     if pairs.empty:
         return "silences: none detected"
-    gaps = (events.sort_values("event_time").groupby("device_id")["event_time"].diff()
-            .dt.total_seconds())  # fmt: skip
-    interval = gaps.groupby(events["device_id"]).median()
+    events = events.assign(event_time=pd.to_datetime(events["event_time"], utc=True))
+    events = events.sort_values("event_time")
+    events["gap_s"] = events.groupby("device_id")["event_time"].diff().dt.total_seconds()
+
+    def interval(device_id: str, before: pd.Timestamp) -> float:
+        """The device's median gap in the hour before its silence (not a flood or clone of it
+        elsewhere in the run)."""
+        own = events[(events["device_id"] == device_id) & (events["event_time"] <= before)
+                     & (events["event_time"] > before - pd.Timedelta(hours=1))]  # fmt: skip
+        return float(own["gap_s"].median())
+
     settings = PipelineSettings()
-    k, trigger_s = settings.silence_k, seconds(settings.trigger_interval)
+    k, trigger_s = settings.silence_k, seconds(settings.silence_trigger_interval)
     took = (pairs["last_event_time"] - pairs["first_event_time"]).dt.total_seconds()
-    bound = k * pairs["device_id"].map(interval)
+    bound = k * pd.Series(
+        [
+            interval(d, t)
+            for d, t in zip(pairs["device_id"], pairs["first_event_time"], strict=True)
+        ],
+        index=pairs.index,
+    )
     over = took - bound
     return (
         f"silences: {len(pairs)} detected; from the last reading to detection (event time) median "

@@ -147,8 +147,8 @@ class PipelineSettings(CommonSettings):
     )
     silence_trigger_interval: str = Field(
         default="5 seconds",
-        description="processingTime interval of the silence query; a silence is called up to "
-        "this much later (it takes minutes to be one)",
+        description="processingTime interval of the silence query: how often it reads the "
+        "topic (a silence takes minutes to be one; fewer batches leave the cores to the others)",
     )
     silence_k: float = Field(
         default=5.0,

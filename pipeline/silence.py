@@ -74,7 +74,6 @@ makes writing them again a no-op.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -103,8 +102,6 @@ from pipeline.alerts import (
     upsert_alerts,
 )
 from pipeline.features import with_device
-
-log = logging.getLogger(__name__)
 
 SILENT, LATE_BURST = c.SILENCE_ALERT_TYPES
 # transformWithState keeps its state in RocksDB only.

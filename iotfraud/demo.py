@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -322,6 +323,21 @@ def scenario_timing(bounded: bool) -> dict[str, str]:
     return {k: v for k, v in timing.items() if k not in os.environ}
 
 
+def pipeline_timing(accelerate: float) -> dict[str, str]:
+    """The silence query's trigger at the simulated clock's pace (unless set in the
+    environment): its default suits a fleet in real time, and at ``accelerate`` 15 it would let
+    15 simulated minutes pass between two reads, so a bounded run would end before its last
+    silences are called. The pipeline's trigger is 1 s already."""
+    from pipeline.settings import PipelineSettings, seconds
+
+    key = "IOT_PIPELINE_SILENCE_TRIGGER_INTERVAL"
+    if key in os.environ or accelerate == 1:
+        return {}
+    every = seconds(load_settings(PipelineSettings).silence_trigger_interval)
+    pace = accelerate or math.inf  # 0: as fast as it can
+    return {key: f"{max(1, round(every / pace))} seconds"}
+
+
 @dataclass(frozen=True)
 class DemoOptions:
     """The demo's command line (``demo``)."""
@@ -473,7 +489,11 @@ def supervise(
     pipeline finish what was sent, stop it and print the summary."""
     python = [sys.executable, "-m"]
     # The demo's progress line stands for the pipeline's; the pipeline's warnings still show.
-    children.start("pipeline", [*python, "pipeline", *verbose(args), "run", "--no-progress"], env)
+    children.start(
+        "pipeline",
+        [*python, "pipeline", *verbose(args), "run", "--no-progress"],
+        {**env, **pipeline_timing(args.accelerate)},
+    )
     # Real time by default: each device reports every 10-30 s, so event times stay close to
     # now. A new seed per run: a rerun must not resend the event ids of the previous one.
     seed = str(args.seed if args.seed is not None else int(time.time()))

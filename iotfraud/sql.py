@@ -73,8 +73,7 @@ def output_format(output: str | None, fmt: str | None) -> str:
 
 @command(
     "sql",
-    epilog="Tables: telemetry, alerts, features, devices, quarantine, pipeline_metrics, "
-    "ground_truth, alert_feedback, evaluation (those that exist under the lake root).",
+    epilog=f"Tables: {', '.join(lake.TABLES)} (those that exist under the lake root).",
 )
 @click.argument("query")
 @click.option(

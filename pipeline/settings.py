@@ -146,7 +146,7 @@ class PipelineSettings(CommonSettings):
         "devices)",
     )
     silence_trigger_interval: str = Field(
-        default="5 seconds",
+        default="1 minute",
         description="processingTime interval of the silence query: how often it reads the "
         "topic (a silence takes minutes to be one; fewer batches leave the cores to the others)",
     )

@@ -226,10 +226,11 @@ def pack(devices: dict[str, Device]) -> bytes:
 def unpack(value: bytes | None) -> dict[str, Device]:
     if not value:
         return {}
-    table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()
-    rows = table.to_pylist()
-    return {row.pop("device_id"): Device(**{k: v for k, v in row.items() if k in _DEVICE_FIELDS})
-            for row in rows}  # fmt: skip
+    columns = pa.ipc.open_stream(pa.py_buffer(value)).read_all().to_pydict()
+    # Column by column, and Device's fields by position: every batch loads every device of
+    # the partition, and row dicts with keyword arguments cost several times as much.
+    ids, values = columns.pop("device_id"), [columns[name] for name in _DEVICE_FIELDS]
+    return {device_id: Device(*row) for device_id, *row in zip(ids, *values, strict=True)}
 
 
 def _change(device_id: str, alert_type: str, **values: Any) -> dict[str, Any]:

@@ -72,6 +72,8 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
         "IOT_PIPELINE_FAST_PATH": "false",
         "IOT_SIM_DEVICES": "80", "IOT_SIM_PARTITIONS": "3",
         "IOT_PIPELINE_SILENCE": "true",
+        # Its batches often enough to be cut by the kills (its default is a minute).
+        "IOT_PIPELINE_SILENCE_TRIGGER_INTERVAL": "5 seconds",
     }  # fmt: skip
     simulator = subprocess.Popen(
         [sys.executable, "-m", "simulator", "simulate", "--rate", "50", "--duration", "300",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import write_deltalake
 
 from infra import lake
@@ -56,3 +57,19 @@ def test_alert_latency_counts_from_the_message_in_the_batch_that_raised_the_aler
     # Without the checkpoint it can only go by what telemetry held before the alert: ingest wrote
     # all three 30 s late, after the alert, so nothing to measure from.
     assert alert_latency(root) is None
+
+
+def test_the_demo_reads_for_silences_at_the_simulated_clocks_pace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from iotfraud.demo import pipeline_timing
+
+    key = "IOT_PIPELINE_SILENCE_TRIGGER_INTERVAL"
+    monkeypatch.delenv(key, raising=False)
+    # The default (1 minute) in simulated time: 4 s of wall clock at 15x, every second at most.
+    assert pipeline_timing(15) == {key: "4 seconds"}
+    assert pipeline_timing(600) == {key: "1 seconds"}
+    assert pipeline_timing(0) == {key: "1 seconds"}  # as fast as it can
+    assert pipeline_timing(1) == {}  # real time: the pipeline's own default
+    monkeypatch.setenv(key, "30 seconds")  # what the user set stays
+    assert pipeline_timing(15) == {}

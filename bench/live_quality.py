@@ -67,7 +67,7 @@ def false_alerts(lake_root: str) -> tuple[int, pd.Series]:
 
 def silence_timing(lake_root: str, accelerate: float) -> str:
     """How long after a device's last reading its silence was detected (module docstring)."""
-    from iotfraud.demo import pipeline_timing
+    from iotfraud.demo import SILENCE_TRIGGER, pipeline_timing
     from pipeline.settings import PipelineSettings, seconds
 
     truth = read_table(lake_root, lake.GROUND_TRUTH, ["device_id", "scenario", "start_time",
@@ -99,13 +99,10 @@ def silence_timing(lake_root: str, accelerate: float) -> str:
                      & (events["event_time"] > before - pd.Timedelta(hours=1))]  # fmt: skip
         return float(own["gap_s"].median())
 
-    settings = PipelineSettings(
-        **{  # the demo's silence trigger (iotfraud.demo)
-            name.removeprefix("IOT_PIPELINE_").lower(): value
-            for name, value in pipeline_timing(accelerate).items()
-        }
-    )
-    k, trigger_s = settings.silence_k, seconds(settings.silence_trigger_interval)
+    settings = PipelineSettings()
+    # The demo's silence trigger (iotfraud.demo), or the setting's.
+    trigger = pipeline_timing(accelerate).get(SILENCE_TRIGGER, settings.silence_trigger_interval)
+    k, trigger_s = settings.silence_k, seconds(trigger)
     took = (pairs["last_event_time"] - pairs["first_event_time"]).dt.total_seconds()
     bound = k * pd.Series(
         [

@@ -323,6 +323,9 @@ def scenario_timing(bounded: bool) -> dict[str, str]:
     return {k: v for k, v in timing.items() if k not in os.environ}
 
 
+SILENCE_TRIGGER = "IOT_PIPELINE_SILENCE_TRIGGER_INTERVAL"
+
+
 def pipeline_timing(accelerate: float) -> dict[str, str]:
     """The silence query's trigger at the simulated clock's pace (unless set in the
     environment): its default suits a fleet in real time, and at ``accelerate`` 15 it would let
@@ -330,12 +333,11 @@ def pipeline_timing(accelerate: float) -> dict[str, str]:
     silences are called. The pipeline's trigger is 1 s already."""
     from pipeline.settings import PipelineSettings, seconds
 
-    key = "IOT_PIPELINE_SILENCE_TRIGGER_INTERVAL"
-    if key in os.environ or accelerate == 1:
+    if SILENCE_TRIGGER in os.environ or accelerate == 1:
         return {}
     every = seconds(load_settings(PipelineSettings).silence_trigger_interval)
     pace = accelerate or math.inf  # 0: as fast as it can
-    return {key: f"{max(1, round(every / pace))} seconds"}
+    return {SILENCE_TRIGGER: f"{max(1, round(every / pace))} seconds"}
 
 
 @dataclass(frozen=True)

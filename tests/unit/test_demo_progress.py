@@ -64,7 +64,7 @@ def test_the_demo_reads_for_silences_at_the_simulated_clocks_pace(
 ) -> None:
     from iotfraud.demo import pipeline_timing
 
-    key = "IOT_PIPELINE_SILENCE_TRIGGER_INTERVAL"
+    key = "IOT_PIPELINE_SILENCE_TRIGGER_INTERVAL"  # the variable a user sets
     monkeypatch.delenv(key, raising=False)
     # The default (1 minute) in simulated time: 4 s of wall clock at 15x, every second at most.
     assert pipeline_timing(15) == {key: "4 seconds"}

@@ -45,7 +45,6 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from infra import lake
 from infra.errors import ConfigError
-from infra.spark import BACKGROUND_POOL, scheduler_pool
 from pipeline.detection import FeaturesBatchWriter
 from pipeline.fastpath import fast_alerts, fast_log_rows, fast_messages
 from pipeline.features import feature_events, features_from_events, quarantine_feature_events
@@ -347,10 +346,7 @@ class Pipeline:
         rows = silence_input(readings, self._table(lake.DEVICES), registry,
                              lateness=s.silence_watermark, partitions=partitions)  # fmt: skip
         writer = SilenceBatchWriter(lake.table_path(s.lake_root, lake.ALERTS), self.publisher)
-        # A silence is due within minutes, an alert within seconds: the query takes the task
-        # slots detection leaves free.
-        with (session_conf(self.spark, STATE_STORE_CONF, SILENCE_STATE_STORE),
-              scheduler_pool(self.spark, BACKGROUND_POOL)):  # fmt: skip
+        with session_conf(self.spark, STATE_STORE_CONF, SILENCE_STATE_STORE):
             return self._start(silence_changes(rows, s.silence_spec()), SILENCE, writer,
                                interval=s.silence_trigger_interval,
                                output_mode="update")  # fmt: skip

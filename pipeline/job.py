@@ -12,7 +12,7 @@ firmware:        firmware changes in telemetry LEFT JOIN firmware_updates (strea
 fast_path:       source -> parse -> valid and flagging events -> registry join -> per-event
                  rules -> alerts topic   (Real-time Mode, Kafka sink; see ``pipeline.fastpath``)
 fast_log:        alerts topic -> fast messages -> fast_alerts   (Delta sink, appends)
-silence:         source -> parse -> valid and flagging events -> registry join -> per Kafka
+silence:         source -> who sent each record, when -> registry join -> per Kafka
                  partition, its own clock, event-time timers -> device_silent, late_burst
                  (foreachBatch, MERGE; see ``pipeline.silence``)
 
@@ -78,6 +78,7 @@ from pipeline.transforms import (
     events_and_flagged,
     first_copies,
     parse_events,
+    senders,
     valid_events,
 )
 from pipeline.webhook import WebhookRelay
@@ -342,8 +343,8 @@ class Pipeline:
             .load(lake.table_path(s.lake_root, lake.DEVICES))
         )
         partitions = (topic_partitions(s) if s.source == "kafka" else None) or 1
-        readings = events_and_flagged(self._parsed())
-        rows = silence_input(readings, self._table(lake.DEVICES), registry,
+        records = senders(raw_source(self.spark, s), max_clock_ahead=s.max_clock_ahead)
+        rows = silence_input(records, self._table(lake.DEVICES), registry,
                              lateness=s.silence_watermark, partitions=partitions)  # fmt: skip
         writer = SilenceBatchWriter(lake.table_path(s.lake_root, lake.ALERTS), self.publisher)
         with session_conf(self.spark, STATE_STORE_CONF, SILENCE_STATE_STORE):

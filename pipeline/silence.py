@@ -8,15 +8,17 @@ silence. A store-and-forward gateway that comes back sends its buffered readings
 original event times, behind what it sent before them: counted per device, they raise
 ``late_burst``.
 
-The query (``pipeline.job``): the topic -> parse -> readings (valid; or quarantined out of
-range or with a clock ahead, which say only that their device is alive) joined with the
-registry -> grouped by Kafka partition -> ``SilenceProcessor`` (``transformWithStateInPandas``)
--> alert changes -> ``SilenceBatchWriter`` (MERGE into ``alerts`` by ``alert_id``, published
-first). The ``devices`` table read as a stream brings retirements. It reads the topic, not the
-bronze tables: ``telemetry`` and ``quarantine`` are two Delta streams, committed side by side,
-so a device's quarantined readings could arrive after its partition's later valid ones, and a
-device whose every reading is quarantined (a clock hours ahead) would look silent meanwhile
-(docs/PERFORMANCE.md measured both).
+The query (``pipeline.job``): the topic -> who sent each record and when
+(``transforms.senders``) joined with the registry -> grouped by Kafka partition ->
+``SilenceProcessor`` (``transformWithStateInPandas``) -> alert changes -> ``SilenceBatchWriter``
+(MERGE into ``alerts`` by ``alert_id``, published first). The ``devices`` table read as a stream
+brings retirements. It reads the topic, not the bronze tables: ``telemetry`` and ``quarantine``
+are two Delta streams, committed side by side, so a device's quarantined readings could arrive
+after its partition's later valid ones, and a device whose every reading is quarantined (a clock
+hours ahead) would look silent meanwhile (docs/PERFORMANCE.md measured both). And it reads only
+who sent a record and when, not the whole event: that is all it needs, and a third of the cost
+of the full parse (docs/PERFORMANCE.md). So a record quarantined for its content (a reading out
+of range, a missing metric) is a reading here: its device sent it then.
 
 Why these choices:
 
@@ -58,7 +60,9 @@ Semantics (``Partition``, pure and tested without Spark):
   learned as a gap; it raises the longest gap only up to the threshold it passed
   (``Device.remember_silence``), so pauses that come back become normal in a few rounds.
 - Heard from: a reading's event time, or the partition's time when it arrived if that is later
-  (a reading behind the stream still says the device is alive now).
+  (a reading behind the stream still says the device is alive now). A record whose event time
+  is ahead of its Kafka timestamp (a clock ahead, ``PipelineSettings.max_clock_ahead``) says
+  the device is alive at the partition's time, and nothing more.
 - Late: a reading more than ``lateness_ms`` behind its partition's clock that is newer than the
   device's latest reading (so not a copy or a replay of one it sent). Consecutive late readings
   are one burst; ``late_burst_min`` of them raise ``late_burst``, updated as the burst grows; an
@@ -113,9 +117,10 @@ MIN_WEIGHT = 0.05
 SEVERITY = {SILENT: "high", LATE_BURST: "medium"}
 
 # Input rows of the processor, grouped by ``partition``: a reading (``kind`` READING, ``ts`` its
-# event time in ms, ``offset`` its Kafka offset, ``registered``); a quarantined reading that
-# says its device is alive (``kind`` ALIVE; ``ts`` null for a clock ahead, whose time is wrong);
-# or a retirement (``kind`` RETIRED, from the registry, sent to every partition).
+# event time in ms, ``offset`` its Kafka offset, ``registered``); a record whose device's clock
+# runs ahead (``kind`` ALIVE, ``ts`` null: its time is wrong); a retirement (``kind`` RETIRED,
+# from the registry, sent to every partition); or a record that names no device with a sound
+# event time (``kind`` null: skipped).
 READING, ALIVE, RETIRED = "reading", "alive", "retired"
 INPUT_SCHEMA = (
     "partition int, offset long, device_id string, kind string, ts long, device_type string, "
@@ -293,14 +298,11 @@ class Partition:
             changes += self._advance(ts)
         return changes
 
-    def alive(
-        self, device_id: str, ts: int | None, device_type: str | None
-    ) -> list[dict[str, Any]]:
-        """A quarantined reading of a registered device (out of range, or with a clock ahead):
-        the device is alive at ``ts``, or at the partition's time when its clock is wrong. The
-        reading says nothing of its interval, and moves no clock; a silence still counts from
-        the device's last valid reading."""
-        when = ts if ts is not None else self.now_ms
+    def alive(self, device_id: str, device_type: str | None) -> list[dict[str, Any]]:
+        """A record of a registered device whose clock runs ahead: the device is alive at the
+        partition's time. Its event time is wrong, so it says nothing of its interval, and
+        moves no clock; a silence still counts from the device's last reading."""
+        when = self.now_ms
         if when is None:
             return []
         d = self.devices.setdefault(device_id, Device(device_type=device_type))
@@ -388,15 +390,14 @@ def step(partition: Partition, rows: pd.DataFrame) -> list[dict[str, Any]]:
     changes: list[dict[str, Any]] = []
     for device_id in rows.loc[rows["kind"] == RETIRED, "device_id"]:
         changes += partition.retire(str(device_id))
-    readings = rows[rows["kind"] != RETIRED].sort_values("offset", kind="stable")
+    readings = rows[rows["kind"].isin([READING, ALIVE])].sort_values("offset", kind="stable")
     for device_id, kind, ts, device_type, registered in zip(
         readings["device_id"], readings["kind"], readings["ts"], readings["device_type"],
         readings["registered"], strict=True,
     ):  # fmt: skip
         if kind == ALIVE:
             if registered:
-                changes += partition.alive(str(device_id), None if pd.isna(ts) else int(ts),
-                                           device_type)  # fmt: skip
+                changes += partition.alive(str(device_id), device_type)
             continue
         if registered:
             changes += partition.read(str(device_id), int(ts), device_type)
@@ -477,26 +478,25 @@ def reading_time() -> Column:
 
 
 def silence_input(
-    readings: DataFrame, devices: DataFrame, registry: DataFrame, *, lateness: str,
+    records: DataFrame, devices: DataFrame, registry: DataFrame, *, lateness: str,
     partitions: int,
 ) -> DataFrame:  # fmt: skip
-    """The processor's input (INPUT_COLUMNS): ``readings`` (``events_and_flagged`` rows: valid,
-    or quarantined for a reason that says only that their device is alive) with their
-    registration (``devices``, the static table), watermarked ``lateness`` behind; and the
-    retirements of ``registry`` (the ``devices`` table as a stream), one row per partition of
-    the topic (``partitions``)."""
-    reason = F.col(col.REASON)
+    """The processor's input (INPUT_COLUMNS): ``records`` (``transforms.senders`` rows: who
+    sent each record of the topic, and when) with their registration (``devices``, the static
+    table), watermarked ``lateness`` behind; and the retirements of ``registry`` (the
+    ``devices`` table as a stream), one row per partition of the topic (``partitions``)."""
     retiring = F.coalesce(F.col("status") == RETIRED, F.lit(False))
+    ahead = F.col("clock_ahead")
     heard = (
-        with_device(readings, devices)
+        with_device(records, devices)
         # A clock ahead: its event time is the very thing that is wrong.
-        .withColumn("_t", F.when(reason.isNull() | (reason != c.REASON_CLOCK_AHEAD),
-                                 reading_time()))
+        .withColumn("_t", F.when(~ahead, reading_time()))
         .withWatermark("_t", lateness)
         .select(
             F.coalesce(F.col("kafka_partition"), F.lit(0)).alias("partition"),
             F.col("kafka_offset").alias("offset"), "device_id",
-            F.when(reason.isNull(), F.lit(READING)).otherwise(F.lit(ALIVE)).alias("kind"),
+            F.when(F.col("device_id").isNull(), F.lit(None).cast("string"))
+            .when(ahead, F.lit(ALIVE)).otherwise(F.lit(READING)).alias("kind"),
             F.unix_millis("_t").alias("ts"), "device_type",
             (F.col("registered") & ~retiring).alias("registered"),
         )

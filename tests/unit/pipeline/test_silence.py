@@ -261,26 +261,34 @@ def test_copies_and_replays_behind_the_clock_are_no_burst_but_say_the_device_is_
     assert feed.partition.next_deadline() == at(580)  # heard from at 480 s, the partition's time
 
 
-def test_a_quarantined_reading_says_the_device_is_alive_and_nothing_more() -> None:
+def test_a_clock_ahead_says_the_device_is_alive_and_nothing_more() -> None:
     feed = Feed()
     feed.steady("m1", 20.0, 400.0)
     feed(("rogue-1", 520.0))  # silent since 400 s, seen at 510 s
 
-    def alive(ts: float | None) -> list[dict[str, Any]]:
-        row = (0, feed.offset + 1, "m1", ALIVE, None if ts is None else at(ts), "smart_meter", True)
+    def ahead() -> list[dict[str, Any]]:
+        row = (0, feed.offset + 1, "m1", ALIVE, None, "smart_meter", True)
         feed.offset += 1
         return step(feed.partition, pd.DataFrame([row], columns=INPUT_COLUMNS))
 
-    # Out of range at 530 s: alive then, the silence ends; its interval and the clock stay.
-    ended = only(alive(530.0))
-    assert (ended["end_ms"], ended["ended_by"]) == (at(530), ENDED_BY_READING)
+    # Alive at the partition's time (510 s), whatever its event time says: the silence ends;
+    # its interval and the clock stay.
+    ended = only(ahead())
+    assert (ended["end_ms"], ended["ended_by"]) == (at(510), ENDED_BY_READING)
     assert feed.devices["m1"].interval_ms == pytest.approx(20_000)
     assert feed.partition.clock_ms == at(520)
-    # Overdue again 200 s after 530 s (the bar doubled); a silence counts from the last valid
-    # reading. A clock ahead ends it at the partition's time, whatever its event time says.
-    assert feed(("rogue-1", 739.0)) == []
-    assert only(feed(("rogue-1", 741.0)))["first_ms"] == at(400)
-    assert only(alive(None))["end_ms"] == at(731)
+    # Overdue again 200 s after 510 s (the bar doubled); a silence counts from its last reading.
+    assert feed(("rogue-1", 719.0)) == []
+    assert only(feed(("rogue-1", 721.0)))["first_ms"] == at(400)
+    assert only(ahead())["end_ms"] == at(711)
+
+
+def test_records_that_name_no_device_are_skipped() -> None:
+    feed = Feed()
+    feed.steady("m1", 20.0, 400.0)
+    row = (0, feed.offset + 1, None, None, None, None, False)
+    assert step(feed.partition, pd.DataFrame([row], columns=INPUT_COLUMNS)) == []
+    assert feed.partition.clock_ms == at(400) and set(feed.devices) == {"m1"}
 
 
 def test_an_idle_partition_takes_the_streams_time() -> None:

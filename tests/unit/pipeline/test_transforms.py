@@ -11,7 +11,7 @@ import pytest
 from infra import contract as c
 from pipeline.dedup import SeenEvents
 from pipeline.ingest import IngestBatchWriter
-from pipeline.transforms import parse_events, quarantined, valid_events
+from pipeline.transforms import parse_events, quarantined, senders, valid_events
 
 HORIZON_US = 10 * 60 * 1_000_000
 
@@ -164,6 +164,40 @@ def test_keeping_one_side_of_the_split_parses_each_value_once(spark: Any, split:
     raw = spark.createDataFrame(raw_rows([b"{}"]), RAW_DDL)
     plan = split(parse_events(raw))._jdf.queryExecution().optimizedPlan().toString()
     assert plan.count("from_json(") <= 3
+
+
+def test_senders_reads_who_sent_each_record_and_when_and_nothing_else(spark: Any) -> None:
+    records: list[tuple[str | None, bytes]] = [
+        ("dev-1", json.dumps(event()).encode()),
+        # Quarantined for its content, but its device sent it then.
+        (None, json.dumps(event(device_id="dev-2", metrics={"voltage_v": 9999.0})).encode()),
+        (None, json.dumps(event(device_id="dev-3", metrics=...)).encode()),
+        # A clock ahead: the device is alive, its time is wrong.
+        ("dev-4", json.dumps(event(device_id="dev-4", event_time="2026-11-22T09:00:00Z")).encode()),
+        # Names no device, or no sound time: nothing to say about a device.
+        ("dev-5", json.dumps(event(device_id="dev-6")).encode()),  # the key names another
+        (None, json.dumps(event(device_id="")).encode()),
+        (None, json.dumps(event(device_id="dev-7", event_time="2026-11-22T08:00:00")).encode()),
+        (None, json.dumps(event(device_id="dev-8", event_time="1999-12-31T23:00:00Z")).encode()),
+        (None, json.dumps(event(device_id="dev-9", event_time="yesterday")).encode()),
+        (None, json.dumps(event(device_id=..., event_time=...)).encode()),
+        (None, b"[1, 2, 3]"),
+        (None, b"{not json"),
+    ]
+    raw = spark.createDataFrame(
+        [(key, value, "t", 0, i, KAFKA_TS) for i, (key, value) in enumerate(records)], RAW_DDL
+    )
+    found = senders(raw, max_clock_ahead="1 minute")
+    at_8 = datetime(2026, 11, 22, 8, 0)
+    assert [tuple(r) for r in found.orderBy("kafka_offset").collect()] == [
+        (0, 0, at_8, "dev-1", at_8, False),
+        (0, 1, at_8, "dev-2", at_8, False),
+        (0, 2, at_8, "dev-3", at_8, False),
+        (0, 3, at_8, "dev-4", datetime(2026, 11, 22, 9, 0), True),
+        *((0, i, at_8, None, None, False) for i in range(4, 12)),
+    ]
+    # One parse of each record (a filter would be pushed below it and parse it again).
+    assert found._jdf.queryExecution().optimizedPlan().toString().count("from_json(") == 1
 
 
 def test_the_first_copy_of_an_event_is_the_valid_one_with_smallest_coordinates(spark: Any) -> None:

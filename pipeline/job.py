@@ -346,12 +346,7 @@ class Pipeline:
         records = senders(raw_source(self.spark, s), max_clock_ahead=s.max_clock_ahead)
         rows = silence_input(records, self._table(lake.DEVICES), registry,
                              lateness=s.silence_watermark, partitions=partitions)  # fmt: skip
-        writer = SilenceBatchWriter(
-            lake.table_path(s.lake_root, lake.ALERTS),
-            self.publisher,
-            app_id=s.app_id,
-            checkpoint=self.checkpoint(SILENCE),
-        )
+        writer = SilenceBatchWriter(lake.table_path(s.lake_root, lake.ALERTS), self.publisher)
         with session_conf(self.spark, STATE_STORE_CONF, SILENCE_STATE_STORE):
             return self._start(silence_changes(rows, s.silence_spec()), SILENCE, writer,
                                interval=s.silence_trigger_interval,

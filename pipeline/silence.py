@@ -11,15 +11,14 @@ original event times, behind what it sent before them: counted per device, they 
 The query (``pipeline.job``): the topic -> who sent each record and when
 (``transforms.senders``) joined with the registry -> grouped by Kafka partition ->
 ``SilenceProcessor`` (``transformWithStateInPandas``) -> alert changes -> ``SilenceBatchWriter``
-(new alerts appended to ``alerts``, updates MERGEd by ``alert_id``; published first). The
-``devices`` table read as a stream brings retirements. It reads the topic, not the bronze
-tables: ``telemetry`` and ``quarantine`` are two Delta streams, committed side by side, so a
-device's quarantined readings could arrive after its partition's later valid ones, and a device
-whose every reading is quarantined (a clock hours ahead) would look silent meanwhile
-(docs/PERFORMANCE.md measured both). And it reads only who sent a record and when, not the whole
-event: that is all it needs, and a third of the cost of the full parse (docs/PERFORMANCE.md). So
-a record quarantined for its content (a reading out of range, a missing metric) is a reading
-here: its device sent it then.
+(MERGE into ``alerts`` by ``alert_id``, published first). The ``devices`` table read as a stream
+brings retirements. It reads the topic, not the bronze tables: ``telemetry`` and ``quarantine``
+are two Delta streams, committed side by side, so a device's quarantined readings could arrive
+after its partition's later valid ones, and a device whose every reading is quarantined (a clock
+hours ahead) would look silent meanwhile (docs/PERFORMANCE.md measured both). And it reads only
+who sent a record and when, not the whole event: that is all it needs, and a third of the cost
+of the full parse (docs/PERFORMANCE.md). So a record quarantined for its content (a reading out
+of range, a missing metric) is a reading here: its device sent it then.
 
 Why these choices:
 
@@ -73,9 +72,8 @@ Semantics (``Partition``, pure and tested without Spark):
   fleet.
 
 Exactly once: the state is Spark's, committed with the batch, and a replayed batch reads the
-same offsets into the same state, so it produces the same changes; its appends are skipped (the
-batch id is their Delta transaction version) and its MERGE by ``alert_id`` changes nothing
-(``SilenceBatchWriter``).
+same offsets into the same state, so it produces the same changes; the MERGE by ``alert_id``
+makes writing them again a no-op.
 """
 
 from __future__ import annotations
@@ -103,15 +101,11 @@ from pipeline.alerts import (
     DETECTOR_COLUMNS,
     Publish,
     alert_id_of,
-    as_written,
-    batch_time,
     empty_alerts,
     records,
-    to_spark,
     upsert_alerts,
 )
 from pipeline.features import with_device
-from pipeline.sinks import checkpoint_id, idempotent_append
 
 SILENT, LATE_BURST = c.SILENCE_ALERT_TYPES
 # transformWithState keeps its state in RocksDB only.
@@ -133,13 +127,11 @@ INPUT_SCHEMA = (
     "registered boolean"
 )
 INPUT_COLUMNS = [part.split()[0] for part in INPUT_SCHEMA.split(", ")]
-# One row per alert change: what ``silence_alerts`` turns into alert rows. ``raised``: the
-# alert's first change (it was not open before the micro-batch), not an update of one raised
-# in an earlier micro-batch.
+# One row per alert change: what ``silence_alerts`` turns into alert rows.
 CHANGES_SCHEMA = (
     "device_id string, alert_type string, start_ms long, first_ms long, detected_ms long, "
     "end_ms long, readings long, behind_ms long, interval_ms long, threshold_ms long, "
-    "ended_by string, raised boolean"
+    "ended_by string"
 )
 CHANGE_COLUMNS = [part.split()[0] for part in CHANGES_SCHEMA.split(", ")]
 ENDED_BY_READING, ENDED_BY_RETIREMENT = "reading", "retirement"
@@ -257,8 +249,7 @@ class Partition:
     """The devices of one Kafka partition and its clock: the newest event time read from it.
 
     ``read``, ``retire`` and ``idle`` change it and return the alert changes they make
-    (CHANGE_COLUMNS but ``raised``, which ``latest`` adds); ``next_deadline`` is when its
-    earliest device becomes overdue.
+    (CHANGE_COLUMNS); ``next_deadline`` is when its earliest device becomes overdue.
     """
 
     spec: SilenceSpec
@@ -350,16 +341,6 @@ class Partition:
         if deadline is not None:
             self._due_from = min(self._due_from, deadline)
 
-    def open_alerts(self) -> set[tuple[str, str, int]]:
-        """The alerts its devices have open, by (device_id, alert type, start)."""
-        found = set()
-        for device_id, d in self.devices.items():
-            if d.silent_from_ms is not None:
-                found.add((device_id, SILENT, d.silent_from_ms))
-            if d.burst_from_ms is not None and d.burst_readings >= self.spec.late_burst_min:
-                found.add((device_id, LATE_BURST, d.burst_from_ms))
-        return found
-
     def next_deadline(self) -> int | None:
         deadlines = [
             t for d in self.devices.values() if (t := d.deadline_ms(self.spec)) is not None
@@ -403,18 +384,9 @@ class Partition:
                        interval_ms=round(d.interval(self.spec)))  # fmt: skip
 
 
-def latest(changes: list[dict[str, Any]], open_before: set[tuple[str, str, int]]
-           ) -> list[dict[str, Any]]:  # fmt: skip
-    """One change per alert, its latest, marked ``raised`` unless the alert was among those
-    open before the micro-batch (``open_before``)."""
-    last = {(ch["device_id"], ch["alert_type"], ch["start_ms"]): ch for ch in changes}
-    return [{**ch, "raised": key not in open_before} for key, ch in last.items()]
-
-
 def step(partition: Partition, rows: pd.DataFrame) -> list[dict[str, Any]]:
     """A micro-batch's ``rows`` of one partition (INPUT_COLUMNS): the retirements, then the
     readings in offset order. Returns the alert changes."""
-    open_before = partition.open_alerts()
     changes: list[dict[str, Any]] = []
     for device_id in rows.loc[rows["kind"] == RETIRED, "device_id"]:
         changes += partition.retire(str(device_id))
@@ -433,7 +405,9 @@ def step(partition: Partition, rows: pd.DataFrame) -> list[dict[str, Any]]:
         if device_id in partition.devices:  # gone from the registry since
             changes += partition.retire(str(device_id))
         changes += partition.pass_by(int(ts))
-    return latest(changes, open_before)
+    # One change per alert: its latest.
+    latest = {(ch["device_id"], ch["alert_type"], ch["start_ms"]): ch for ch in changes}
+    return list(latest.values())
 
 
 class SilenceProcessor(StatefulProcessor):
@@ -468,8 +442,7 @@ class SilenceProcessor(StatefulProcessor):
         # with input moves it past the watermark): the partition is idle.
         watermark = timerValues.getCurrentWatermarkInMs()
         partition = self._load()
-        open_before = partition.open_alerts()
-        changes = latest(partition.idle(watermark + self.spec.lateness_ms), open_before)
+        changes = partition.idle(watermark + self.spec.lateness_ms)
         yield from self._save(partition, changes, watermark)
 
     def _load(self) -> Partition:
@@ -611,41 +584,15 @@ def silence_alerts(changes: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass
 class SilenceBatchWriter:
-    """``foreachBatch`` of the silence query: its alert changes into ``alerts``, each published
-    first with ``publish``. The alerts a batch raises are appended, with the batch id as the
-    append's Delta transaction version (a replayed batch appends nothing); the updates of
-    alerts raised before (a silence that ended, a burst that grew) are MERGEd by ``alert_id``.
-
-    Replays: the state is Spark's, committed with the batch, so a replayed batch reads the same
-    offsets into the same state and makes the same changes, except that it joins the registry as
-    it is then. So the first batch after a start, which may replay one whose writes partly
-    committed, MERGEs all its changes: a new alert the first attempt did not make is inserted,
-    where an append under the same version would be skipped.
-    """
+    """``foreachBatch`` of the silence query: its alert changes MERGEd into ``alerts`` (a
+    replayed batch changes nothing), published first with ``publish``."""
 
     alerts_path: str
     publish: Publish | None = None
-    app_id: str = "iotfraud"
-    # The query's checkpoint: its id goes into the appends' txnAppId (see ``checkpoint_id``).
-    checkpoint: str | None = None
-    _started: bool = field(default=False, repr=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession
-        after_start = not self._started
-        if after_start and self.checkpoint:
-            self.app_id = f"{self.app_id}-{checkpoint_id(spark, self.checkpoint)}-alerts"
         changes = batch.toPandas()
-        self._started = True
         if changes.empty:  # most batches: nobody fell silent or came back
             return
-        raised = changes["raised"].astype(bool) & (not after_start)
-        new = silence_alerts(changes[raised])
-        if len(new):
-            rows = as_written(new, batch_id, batch_time())
-            if self.publish is not None:
-                self.publish(rows)
-            idempotent_append(to_spark(spark, rows), self.alerts_path, self.app_id, batch_id,
-                              rows=len(rows))  # fmt: skip
-        upsert_alerts(spark, silence_alerts(changes[~raised]), batch_id, path=self.alerts_path,
-                      publish=self.publish)  # fmt: skip
+        upsert_alerts(batch.sparkSession, silence_alerts(changes), batch_id,
+                      path=self.alerts_path, publish=self.publish)  # fmt: skip

@@ -94,7 +94,7 @@ def test_a_device_is_silent_once_k_intervals_pass_and_not_a_moment_before() -> N
     assert silent == {
         "device_id": "m1", "alert_type": SILENT, "start_ms": at(400), "first_ms": at(400),
         "detected_ms": at(500), "end_ms": None, "readings": 0, "behind_ms": None,
-        "interval_ms": 20_000, "threshold_ms": 100_000, "ended_by": None, "raised": True,
+        "interval_ms": 20_000, "threshold_ms": 100_000, "ended_by": None,
     }  # fmt: skip
     # Raised once: the clock moving on raises nothing more, and no deadline is left for it.
     assert feed(("rogue-1", 900.0)) == []
@@ -106,8 +106,7 @@ def test_reporting_again_ends_the_same_alert_and_the_silence_is_not_learned() ->
     feed.steady("m1", 20.0, 400.0)
     raised = only(feed(("rogue-1", 530.0)))
     ended = only(feed(("rogue-1", 990.0), ("m1", 1000.0)))
-    # An update of the alert raised in an earlier micro-batch.
-    assert ended == {**raised, "end_ms": at(1000), "ended_by": ENDED_BY_READING, "raised": False}
+    assert ended == {**raised, "end_ms": at(1000), "ended_by": ENDED_BY_READING}
     assert feed.devices["m1"].interval_ms == pytest.approx(20_000)  # 600 s is not a normal gap
     # But the bar is raised, at most twofold: 2 x the longest gap, which took the 100 s threshold.
     assert feed.partition.next_deadline() == at(1200)
@@ -227,12 +226,11 @@ def test_a_store_and_forward_burst_ends_the_silence_and_raises_late_burst() -> N
     found = feed(*(("s1", 420.0 + 20 * k) for k in range(29)))
     assert [f["alert_type"] for f in found] == [SILENT, LATE_BURST]
     ended, burst = found
-    # An update of the alert raised in an earlier micro-batch.
-    assert ended == {**raised, "end_ms": at(1000), "ended_by": ENDED_BY_READING, "raised": False}
+    assert ended == {**raised, "end_ms": at(1000), "ended_by": ENDED_BY_READING}
     assert burst == {
         "device_id": "s1", "alert_type": LATE_BURST, "start_ms": at(420), "first_ms": at(420),
         "detected_ms": at(980), "end_ms": at(980), "readings": 29, "behind_ms": 580_000,
-        "interval_ms": 20_000, "threshold_ms": None, "ended_by": None, "raised": True,
+        "interval_ms": 20_000, "threshold_ms": None, "ended_by": None,
     }  # fmt: skip
     # The buffered gaps were normal ones; the device reports on time again: no more alerts.
     assert feed.devices["s1"].interval_ms == pytest.approx(20_000)
@@ -318,16 +316,8 @@ def test_what_is_decided_does_not_depend_on_how_the_readings_are_cut_into_batche
         changes = []
         for i in range(0, len(readings), size):
             changes += feed(*readings[i : i + size])
-        # Each alert is raised by its first change, and only by it: written once as new.
-        first = {}
-        for ch in changes:
-            key = (ch["device_id"], ch["alert_type"], ch["start_ms"])
-            assert ch["raised"] == (key not in first), (size, ch)
-            first.setdefault(key, ch)
         latest = {(ch["device_id"], ch["alert_type"], ch["start_ms"]): ch for ch in changes}
-        outcomes.append(
-            pd.DataFrame(latest.values(), columns=CHANGE_COLUMNS).drop(columns="raised")
-        )
+        outcomes.append(pd.DataFrame(latest.values(), columns=CHANGE_COLUMNS))
     for other in outcomes[1:]:
         pd.testing.assert_frame_equal(other, outcomes[0])
     kinds = sorted(zip(outcomes[0]["device_id"], outcomes[0]["alert_type"], strict=True))

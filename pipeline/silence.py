@@ -35,7 +35,8 @@ Why these choices:
   partition that receives nothing (every device on it quiet, or its producer gone) has no
   reading to move its clock. A timer at its earliest deadline fires when Spark's watermark (the
   newest event time of the whole stream, less ``SilenceSpec.lateness_ms``) passes it in a
-  micro-batch that brought the partition nothing: it is idle, and its clock is the stream's.
+  micro-batch that brought the partition nothing: it is idle, and its clock is the stream's (a
+  micro-batch that brought it records but no reading idles it the same way, in ``step``).
   The older API has one timeout per group, and no watermark to read in it. It needs the RocksDB
   state store (``SILENCE_STATE_STORE``), which the other queries need not.
 - **One group per partition**, its devices in one state value (an Arrow table): a group per
@@ -384,9 +385,16 @@ class Partition:
                        interval_ms=round(d.interval(self.spec)))  # fmt: skip
 
 
-def step(partition: Partition, rows: pd.DataFrame) -> list[dict[str, Any]]:
+def step(
+    partition: Partition, rows: pd.DataFrame, stream_ms: int | None = None
+) -> list[dict[str, Any]]:
     """A micro-batch's ``rows`` of one partition (INPUT_COLUMNS): the retirements, then the
-    readings in offset order. Returns the alert changes."""
+    readings in offset order. Returns the alert changes.
+
+    ``stream_ms``: the stream's time (its watermark plus ``lateness_ms``). When the rows hold
+    no reading (only records that name no device, clocks ahead or retirements), nothing moved
+    the partition's clock, and its timer cannot fire in a micro-batch that brought it input: it
+    is idle, and takes the stream's time as its timer would."""
     changes: list[dict[str, Any]] = []
     for device_id in rows.loc[rows["kind"] == RETIRED, "device_id"]:
         changes += partition.retire(str(device_id))
@@ -405,6 +413,8 @@ def step(partition: Partition, rows: pd.DataFrame) -> list[dict[str, Any]]:
         if device_id in partition.devices:  # gone from the registry since
             changes += partition.retire(str(device_id))
         changes += partition.pass_by(int(ts))
+    if stream_ms is not None and not (readings["kind"] == READING).any():
+        changes += partition.idle(stream_ms)
     # One change per alert: its latest.
     latest = {(ch["device_id"], ch["alert_type"], ch["start_ms"]): ch for ch in changes}
     return list(latest.values())
@@ -428,9 +438,11 @@ class SilenceProcessor(StatefulProcessor):
         rows: Iterator[Any],
         timerValues: TimerValues,  # noqa: N803
     ) -> Iterator[pd.DataFrame]:
+        watermark = timerValues.getCurrentWatermarkInMs()
         partition = self._load()
-        changes = step(partition, pd.concat(list(rows), ignore_index=True))
-        yield from self._save(partition, changes, timerValues.getCurrentWatermarkInMs())
+        stream_ms = watermark + self.spec.lateness_ms if watermark > 0 else None
+        changes = step(partition, pd.concat(list(rows), ignore_index=True), stream_ms)
+        yield from self._save(partition, changes, watermark)
 
     def handleExpiredTimer(  # noqa: N802
         self,
@@ -473,8 +485,11 @@ class SilenceProcessor(StatefulProcessor):
 
 
 def reading_time() -> Column:
-    """A reading's event time, capped at its message's Kafka timestamp (module docstring)."""
-    return F.least(F.col("event_time"), F.col("kafka_timestamp"))
+    """A reading's event time, capped at its message's Kafka timestamp (module docstring); null
+    for a record without one (``least`` would take the Kafka timestamp alone, and a malformed
+    record would move the watermark)."""
+    event_time = F.col("event_time")
+    return F.when(event_time.isNotNull(), F.least(event_time, F.col("kafka_timestamp")))
 
 
 def silence_input(

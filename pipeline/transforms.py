@@ -230,8 +230,10 @@ def senders(raw: DataFrame, *, max_clock_ahead: str = "1 minute") -> DataFrame:
     unless the record is a JSON object with a non-empty ``device_id`` and an ``event_time`` the
     contract accepts (ISO-8601 with its zone, not before 2000), and its Kafka key, if any, is
     that device. Such a record says its device sent it then, whatever the rest of it holds: one
-    quarantined for its content (a reading out of range, a missing metric) counts. Stateless;
-    safe on a stream.
+    quarantined for its content (a reading out of range, a missing metric) counts. Read more
+    leniently than by ``parse_events``, whose quarantine reasons these are: a number for the
+    device id is read as its text, text after the object is ignored. Stateless; safe on a
+    stream.
 
     Not a filter: Spark would push it below the parse and parse every record once more for it.
     """

@@ -5,6 +5,7 @@ that none of it depends on how a partition's readings are cut into micro-batches
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import Any
 
 import pandas as pd
@@ -27,9 +28,11 @@ from pipeline.silence import (
     SilenceSpec,
     pack,
     silence_alerts,
+    silence_input,
     step,
     unpack,
 )
+from pipeline.transforms import senders
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00:00 UTC, in ms
 # The prior is a steady meter's interval, so its learned interval stays exactly 20 s. Readings
@@ -283,12 +286,20 @@ def test_a_clock_ahead_says_the_device_is_alive_and_nothing_more() -> None:
     assert only(ahead())["end_ms"] == at(711)
 
 
-def test_records_that_name_no_device_are_skipped() -> None:
+def test_records_that_name_no_device_are_skipped_and_leave_the_partition_idle() -> None:
     feed = Feed()
     feed.steady("m1", 20.0, 400.0)
-    row = (0, feed.offset + 1, None, None, None, None, False)
-    assert step(feed.partition, pd.DataFrame([row], columns=INPUT_COLUMNS)) == []
+    nameless = pd.DataFrame([(0, feed.offset + 1, None, None, None, None, False)],
+                            columns=INPUT_COLUMNS)  # fmt: skip
+    assert step(feed.partition, nameless) == []
     assert feed.partition.clock_ms == at(400) and set(feed.devices) == {"m1"}
+    # In a micro-batch whose stream time is 600 s they are all the partition received: its
+    # timer cannot fire in a micro-batch that brought it input, so it takes the stream's time.
+    silent = only(step(feed.partition, nameless, stream_ms=at(600)))
+    assert (silent["device_id"], silent["detected_ms"]) == ("m1", at(590))
+    # A reading moves the clock itself: the stream's time is not taken.
+    assert step(feed.partition, feed.rows(("x", 700.0)), stream_ms=at(5000)) == []
+    assert feed.partition.clock_ms == at(700)
 
 
 def test_an_idle_partition_takes_the_streams_time() -> None:
@@ -343,3 +354,28 @@ def test_the_state_of_a_partition_survives_its_round_trip_through_arrow() -> Non
 def test_alert_types_are_the_contracts() -> None:
     assert (SILENT, LATE_BURST) == c.SILENCE_ALERT_TYPES
     assert set(c.SILENCE_ALERT_TYPES) <= set(c.ALERT_TYPES)
+
+
+def test_the_processor_input_gives_records_that_name_no_device_no_time(spark: Any) -> None:
+    # Their time would be the Kafka timestamp alone, and move the watermark: a malformed record
+    # sent now would make the partitions of a stream behind the wall clock idle, and silent.
+    sent = datetime(2026, 1, 1, 12, 0)
+    records = [("m1", b'{"device_id": "m1", "event_time": "2026-01-01T10:00:00Z"}'),
+               (None, b"{not json"),
+               ("m2", b'{"device_id": "m2", "event_time": "2026-01-01T14:00:00Z"}')]  # fmt: skip
+    raw = spark.createDataFrame(
+        [(key, value, "t", 0, i, sent) for i, (key, value) in enumerate(records)],
+        "key string, value binary, topic string, partition int, offset long, timestamp timestamp",
+    )
+    registry = spark.createDataFrame(
+        [(d, "smart_meter", 52.5, 13.4, "1.0.0", "active") for d in ("m1", "m2")],
+        "device_id string, device_type string, site_lat double, site_lon double, "
+        "expected_firmware string, status string",
+    )
+    rows = silence_input(senders(raw), registry, registry.limit(0), lateness="10 seconds",
+                         partitions=1)  # fmt: skip
+    assert sorted((tuple(r) for r in rows.collect()), key=lambda r: r[1]) == [
+        (0, 0, "m1", READING, T0 + 10 * 3600 * 1000, "smart_meter", True),
+        (0, 1, None, None, None, None, False),
+        (0, 2, "m2", ALIVE, None, "smart_meter", True),  # its clock runs two hours ahead
+    ]

@@ -49,6 +49,26 @@ def _number_text(raw: Column) -> Column:
     return F.when(raw.isin(*_QUOTED_NON_FINITE), F.btrim(raw, F.lit('"'))).otherwise(raw)
 
 
+def _id_length_ok(length: Column) -> Column:
+    """An id's length within the contract's: not empty, at most ``MAX_ID_LENGTH``."""
+    return length.between(1, c.MAX_ID_LENGTH)
+
+
+def _since_2000(event_time: Column) -> Column:
+    """An event time the contract accepts: not before ``MIN_EVENT_TIME``."""
+    return event_time >= F.lit(MIN_EVENT_TIME).cast("timestamp")
+
+
+def _zoned(text: Column) -> Column:
+    """An event time's text ends with its zone (``_ZONED_TIME``)."""
+    return text.rlike(_ZONED_TIME)
+
+
+def _key_matches(device_id: Column) -> Column:
+    """The record's Kafka key, if it has one, names ``device_id``."""
+    return F.col(col.KEY).isNull() | (F.col(col.KEY) == device_id)
+
+
 def _range_check(value: Column, field: str) -> Column:
     """True when ``value`` is null or finite and inside the contract's valid range."""
     low, high = c.VALID_RANGES[field]
@@ -149,9 +169,8 @@ def parse_events(
         F.when(~_range_check(F.col(name), name), F.lit(name))
         for name in ("seq", "lat", "lon", *c.METRICS)
     ]
-    id_lengths = [F.length(F.col(f)) for f in ("event_id", "device_id")]
-    bad_id = F.greatest(*id_lengths) > c.MAX_ID_LENGTH
-    bad_id |= F.least(*id_lengths) == 0
+    ids_ok = [_id_length_ok(F.length(F.col(f))) for f in ("event_id", "device_id")]
+    bad_id = ~(ids_ok[0] & ids_ok[1])
     checks = typed_df.select(
         "*",
         (F.length(F.col(col.VALUE)) > max_bytes).alias("_oversize"),
@@ -160,13 +179,8 @@ def parse_events(
         F.coalesce(*wrong).alias("_wrong"),
         metrics_not_object.alias("_metrics_not_object"),
         F.coalesce(bad_id, F.lit(False)).alias("_bad_id"),
-        (
-            F.col("event_time").isNull()
-            | (F.col("event_time") < F.lit(MIN_EVENT_TIME).cast("timestamp"))
-        ).alias("_bad_time"),
-        (F.col("event_time").isNotNull() & ~field("event_time").rlike(_ZONED_TIME)).alias(
-            "_no_zone"
-        ),
+        (F.col("event_time").isNull() | ~_since_2000(F.col("event_time"))).alias("_bad_time"),
+        (F.col("event_time").isNotNull() & ~_zoned(field("event_time"))).alias("_no_zone"),
         clock_ahead(F.col("event_time"), max_clock_ahead).alias("_ahead"),
         F.coalesce(*out_of_range).alias("_out_of_range"),
     )
@@ -180,8 +194,7 @@ def parse_events(
         .when(F.col("_bad_time") | F.col("_no_zone"), F.lit(c.REASON_BAD_TIMESTAMP))
         .when(F.col("_ahead"), F.lit(c.REASON_CLOCK_AHEAD))
         .when(F.col("_out_of_range").isNotNull(), F.lit(c.REASON_OUT_OF_RANGE))
-        .when(F.col(col.KEY).isNotNull() & (F.col(col.KEY) != F.col("device_id")),
-              F.lit(c.REASON_KEY_MISMATCH))
+        .when(~_key_matches(F.col("device_id")), F.lit(c.REASON_KEY_MISMATCH))
     )  # fmt: skip
     detail = (
         F.when(F.col("_oversize"),
@@ -250,10 +263,10 @@ def senders(raw: DataFrame, *, max_clock_ahead: str = "1 minute") -> DataFrame:
     )
     device, time = F.col("_device"), F.col("_time")
     sound = F.coalesce(
-        F.length(device).between(1, c.MAX_ID_LENGTH)
-        & (F.col(col.KEY).isNull() | (F.col(col.KEY) == device))
-        & (time >= F.lit(MIN_EVENT_TIME).cast("timestamp"))
-        & F.col("_sender.event_time").rlike(_ZONED_TIME),
+        _id_length_ok(F.length(device))
+        & _key_matches(device)
+        & _since_2000(time)
+        & _zoned(F.col("_sender.event_time")),
         F.lit(False),
     )
     return read.select(

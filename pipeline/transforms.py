@@ -215,7 +215,7 @@ def parse_events(
                        F.substring(field("event_time"), 1, 64)))
         .when(F.col("_out_of_range").isNotNull(),
               F.concat(F.lit("out of range: "), F.col("_out_of_range")))
-        .when(F.col(col.KEY) != F.col("device_id"), F.lit("Kafka key differs from device_id"))
+        .when(~_key_matches(F.col("device_id")), F.lit("Kafka key differs from device_id"))
     )  # fmt: skip
     helpers = [name for name in checks.columns if name.startswith("_")]
     return checks.select("*", reason.alias(col.REASON), detail.alias(col.DETAIL)).drop(*helpers)

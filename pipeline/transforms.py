@@ -49,12 +49,13 @@ def _number_text(raw: Column) -> Column:
     return F.when(raw.isin(*_QUOTED_NON_FINITE), F.btrim(raw, F.lit('"'))).otherwise(raw)
 
 
-def _id_length_ok(length: Column) -> Column:
-    """An id's length within the contract's: not empty, at most ``MAX_ID_LENGTH``."""
-    return length.between(1, c.MAX_ID_LENGTH)
+def _id_length_ok(id_text: Column) -> Column:
+    """An id of the contract's length: not empty, at most ``MAX_ID_LENGTH`` (null for a null
+    id: a missing id is a reason of its own)."""
+    return F.length(id_text).between(1, c.MAX_ID_LENGTH)
 
 
-def _since_2000(event_time: Column) -> Column:
+def _not_before_min_time(event_time: Column) -> Column:
     """An event time the contract accepts: not before ``MIN_EVENT_TIME``."""
     return event_time >= F.lit(MIN_EVENT_TIME).cast("timestamp")
 
@@ -169,8 +170,10 @@ def parse_events(
         F.when(~_range_check(F.col(name), name), F.lit(name))
         for name in ("seq", "lat", "lon", *c.METRICS)
     ]
-    ids_ok = [_id_length_ok(F.length(F.col(f))) for f in ("event_id", "device_id")]
-    bad_id = ~(ids_ok[0] & ids_ok[1])
+    event_ok, device_ok = (_id_length_ok(F.col(f)) for f in ("event_id", "device_id"))
+    # Null when an id is missing and the other's length is fine (coalesced to False below: the
+    # missing id is its own reason); True when either length is wrong.
+    bad_id = ~(event_ok & device_ok)
     checks = typed_df.select(
         "*",
         (F.length(F.col(col.VALUE)) > max_bytes).alias("_oversize"),
@@ -179,7 +182,9 @@ def parse_events(
         F.coalesce(*wrong).alias("_wrong"),
         metrics_not_object.alias("_metrics_not_object"),
         F.coalesce(bad_id, F.lit(False)).alias("_bad_id"),
-        (F.col("event_time").isNull() | ~_since_2000(F.col("event_time"))).alias("_bad_time"),
+        (F.col("event_time").isNull() | ~_not_before_min_time(F.col("event_time"))).alias(
+            "_bad_time"
+        ),
         (F.col("event_time").isNotNull() & ~_zoned(field("event_time"))).alias("_no_zone"),
         clock_ahead(F.col("event_time"), max_clock_ahead).alias("_ahead"),
         F.coalesce(*out_of_range).alias("_out_of_range"),
@@ -263,9 +268,9 @@ def senders(raw: DataFrame, *, max_clock_ahead: str = "1 minute") -> DataFrame:
     )
     device, time = F.col("_device"), F.col("_time")
     sound = F.coalesce(
-        _id_length_ok(F.length(device))
+        _id_length_ok(device)
         & _key_matches(device)
-        & _since_2000(time)
+        & _not_before_min_time(time)
         & _zoned(F.col("_sender.event_time")),
         F.lit(False),
     )

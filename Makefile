@@ -41,8 +41,12 @@ typecheck: $(STAMP) ## mypy (strict) on the packages
 unit: $(STAMP) ## the fast loop: unit tests only
 	$(BIN)/pytest tests/unit -q
 
+# Two workers: much of an integration test's time is waiting (a simulator streaming in real time,
+# a broker restarting), which the other worker's test fills; each worker has its own broker and
+# SparkSession. More would run more JVMs than two cores carry. worksteal: a worker that runs out
+# takes half of what the other has left, so the long tests (first) never end the run alone.
 test: setup test-deps lint typecheck ## set everything up and run the whole suite
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist worksteal
 
 clean: ## stop the local stack and remove local state (keeps the jar cache)
 	-$(BIN)/iotfraud stack down

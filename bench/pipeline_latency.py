@@ -5,10 +5,10 @@ Usage::
     .venv/bin/python bench/pipeline_latency.py [--rate 5000] [--seconds 300] [--devices 2000]
 
 Starts its own broker (free ports, temp folder) unless KAFKA_BOOTSTRAP_SERVERS is set, creates a
-registry, starts the pipeline live (``python -m pipeline run``, 1 s trigger, rules only, local[2],
-2 shuffle partitions) and, once it has started, the simulator at ``--rate`` events/s for
-``--seconds`` (all scenarios). Then it lets the pipeline drain (at most ``--drain`` seconds) and
-prints a JSON object:
+registry, starts the pipeline live (``python -m pipeline run``, 1 s trigger, rules only, local[2]
+unless ``--master`` says otherwise, 2 shuffle partitions) and, once it has started, the simulator
+at ``--rate`` events/s for ``--seconds`` (all scenarios). Then it lets the pipeline drain (at
+most ``--drain`` seconds) and prints a JSON object:
 
 - ingest latency: ``telemetry.ingest_time - kafka_timestamp`` (message in Kafka -> micro-batch
   that wrote it to ``telemetry`` started), p50/p95/max;
@@ -236,7 +236,7 @@ def run(
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "IOT_LAKE_ROOT": lake,
            "IOT_TOPIC": "bench.telemetry", "IOT_PIPELINE_CHECKPOINT_ROOT": str(root / "cp"),
            "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'none.db'}",
-           "IOT_SPARK_MASTER": "local[2]", "IOT_SPARK_SHUFFLE_PARTITIONS": "2",
+           "IOT_SPARK_MASTER": args.master, "IOT_SPARK_SHUFFLE_PARTITIONS": "2",
            "IOT_PIPELINE_TRIGGER_INTERVAL": "1 second", "IOT_SIM_DEVICES": str(args.devices),
            "IOT_SIM_PARTITIONS": "4"}  # fmt: skip
     subprocess.run([sys.executable, "-m", "simulator", "registry", "create"], env=env,
@@ -300,6 +300,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument("--devices", type=int, default=2000)
     parser.add_argument("--drain", type=float, default=600)
+    parser.add_argument(
+        "--master",
+        default="local[2]",
+        help="the pipeline's Spark master (task slots; this machine has 2 cores)",
+    )
     parser.add_argument("--bucket", type=float, default=300, help="timeline step, seconds")
     parser.add_argument("--health-every", type=float, default=0,
                         help="seconds between table-health samples (0: none)")  # fmt: skip
@@ -325,6 +330,7 @@ def main() -> int:
         by_telemetry = alert_latency(lake)
         result = {
             "rate": args.rate, "seconds": args.seconds, "devices": args.devices,
+            "master": args.master,
             "sent": sent, "send_s": round(send_s, 1),
             "in_lake_when_sending_ended": in_lake_at_end,
             "in_lake_at_end": lake_rows(lake), "caught_up_after_s": round(drained_s, 1),

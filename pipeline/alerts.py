@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -45,6 +46,12 @@ _UPDATABLE = ("severity", "score", "reasons", "window_end", "first_event_time", 
               "model_version")  # fmt: skip
 # Spark's text of a timestamp (session time zone, UTC here): what alert_id hashes.
 _TIME_TEXT = "%Y-%m-%d %H:%M:%S"
+# One write into ``alerts`` at a time in this process. Detection, firmware and silence write from
+# their queries' own threads, and the table is not partitioned: a MERGE that overlaps any other
+# commit to it loses (ConcurrentAppendException, which Delta logs at ERROR) and is done again
+# whole. Taking turns costs a wait instead, and leaves the log's ERROR lines for real failures.
+# Writers in other processes (``iotfraud maintain``) still meet ``retry_on_conflict``.
+_WRITING = threading.Lock()
 
 
 def alert_id_of(device_id: str, alert_type: str, window_start: datetime) -> str:
@@ -123,14 +130,15 @@ def merge_alerts(alerts: DataFrame, path: str, *, earliest: datetime) -> None:
     condition = "t.alert_id = s.alert_id AND " + bound
 
     def merge() -> None:
-        (
-            DeltaTable.forPath(alerts.sparkSession, path)
-            .alias("t")
-            .merge(alerts.alias("s"), condition)
-            .whenMatchedUpdate(condition=changed, set={f: f"s.`{f}`" for f in _UPDATABLE})
-            .whenNotMatchedInsertAll()
-            .execute()
-        )
+        with _WRITING:
+            (
+                DeltaTable.forPath(alerts.sparkSession, path)
+                .alias("t")
+                .merge(alerts.alias("s"), condition)
+                .whenMatchedUpdate(condition=changed, set={f: f"s.`{f}`" for f in _UPDATABLE})
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
 
     retry_on_conflict(merge, "alerts MERGE")
 
@@ -148,13 +156,14 @@ def withdraw_alerts(spark: SparkSession, stale: pd.DataFrame, path: str) -> None
     standing = f"NOT (t.status <=> '{c.ALERT_WITHDRAWN}')"
 
     def merge() -> None:
-        (
-            DeltaTable.forPath(spark, path)
-            .alias("t")
-            .merge(rows.alias("s"), condition)
-            .whenMatchedUpdate(condition=standing, set={"status": F.lit(c.ALERT_WITHDRAWN)})
-            .execute()
-        )
+        with _WRITING:
+            (
+                DeltaTable.forPath(spark, path)
+                .alias("t")
+                .merge(rows.alias("s"), condition)
+                .whenMatchedUpdate(condition=standing, set={"status": F.lit(c.ALERT_WITHDRAWN)})
+                .execute()
+            )
 
     retry_on_conflict(merge, "alerts withdrawal MERGE")
 
@@ -413,7 +422,9 @@ def write_alerts(
     if publish is not None:
         publish(_concat(appended, after[merge_changes.to_numpy()], withdrawn))
     if len(appended):
-        idempotent_append(to_spark(spark, appended), path, app_id, batch_id, rows=len(appended))
+        with _WRITING:
+            idempotent_append(to_spark(spark, appended), path, app_id, batch_id,
+                              rows=len(appended))  # fmt: skip
     if len(merged):
         earliest = pd.Timestamp(merged[col.WINDOW_START].min()).to_pydatetime()
         merge_alerts(to_spark(spark, merged), path, earliest=earliest)

@@ -125,8 +125,10 @@ def is_write_conflict(exc: BaseException) -> bool:
 def retry_on_conflict(write: Callable[[], None], what: str, attempts: int = 5) -> None:
     """Run ``write``, again when it conflicted with a concurrent commit to the same table.
 
-    Two queries MERGE into ``alerts`` (detection and firmware); a MERGE that lost commits
-    nothing, and running it again is safe because MERGEs on deterministic keys are idempotent.
+    The pipeline's own writers to ``alerts`` take turns (``pipeline.alerts``), but another
+    process can commit in between (``iotfraud maintain`` compacting the table). A MERGE that lost
+    commits nothing, and running it again is safe because MERGEs on deterministic keys are
+    idempotent.
     """
     for attempt in range(1, attempts + 1):
         try:

@@ -1,4 +1,5 @@
-"""Session-scoped real parts: one Kafka broker and one SparkSession for the whole run.
+"""Session-scoped real parts: one Kafka broker and one SparkSession for the whole run (for each
+worker, under ``pytest -n``).
 
 Each test gets its own topic, lake folder and checkpoint folder.
 """
@@ -18,6 +19,19 @@ from infra.settings import SparkSettings, StackSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first: those with a longer time limit than the default (the longest
+    limit first), then the others marked slow. Under ``make test``'s two workers, a long test
+    left for the end would run there alone while the other worker idles."""
+
+    def length(item: pytest.Item) -> tuple[float, bool]:
+        marker = item.get_closest_marker("timeout")
+        limit = float(marker.args[0]) if marker and marker.args else 0.0
+        return limit, item.get_closest_marker("slow") is not None
+
+    items.sort(key=length, reverse=True)  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")

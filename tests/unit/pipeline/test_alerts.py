@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
 import pandas as pd
+import pytest
 from pandas.testing import assert_frame_equal
 
+from infra import contract as c
 from pipeline.alerts import (
     TABLE_COLUMNS,
     WrittenAlerts,
     after_merge,
     alert_frame,
     as_written,
+    merge_alerts,
     records,
+    to_spark,
 )
+from pipeline.sinks import ensure_table
 
 T0 = pd.Timestamp("2026-11-25 08:00:00")
 NOW = pd.Timestamp("2026-11-25 08:04:30.123456")
@@ -109,3 +119,34 @@ def test_changed_values_keep_the_first_detection_and_after_merge_says_what_chang
     assert after.loc[0, "detected_at"] == NOW and after.loc[0, "batch_id"] == 3
     assert after.loc[1, "batch_id"] == 7
     assert list(after_merge(raised, held)[1]) == [False]
+
+
+def test_the_pipelines_alert_writers_take_turns_instead_of_conflicting(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Detection, firmware and silence MERGE alerts from their queries' threads. Two MERGEs at
+    once into the unpartitioned table conflict: one is done again, after Delta logged an ERROR."""
+    path = str(tmp_path / "alerts")
+    ensure_table(spark, path, c.ALERTS_COLUMNS)
+    batches = [as_written(alerts((f"d{i}", 0.5, "40 events")), i, NOW) for i in range(3)]
+    frames = [to_spark(spark, rows) for rows in batches]
+    errors: list[BaseException] = []
+    together = threading.Barrier(len(frames))
+
+    def write(frame: Any) -> None:
+        together.wait()
+        try:
+            merge_alerts(frame, path, earliest=T0.to_pydatetime())
+        except BaseException as exc:  # raised below, in the test's thread
+            errors.append(exc)
+
+    with caplog.at_level(logging.INFO, logger="pipeline.sinks"):
+        threads = [threading.Thread(target=write, args=(f,)) for f in frames]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert not errors, errors
+    assert not [r.getMessage() for r in caplog.records if "conflicted" in r.getMessage()]
+    rows = spark.read.format("delta").load(path).select("device_id").collect()
+    assert sorted(r.device_id for r in rows) == ["d0", "d1", "d2"]

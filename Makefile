@@ -49,8 +49,8 @@ unit: $(STAMP) ## the fast loop: unit tests only
 # out takes half of what the other has left, so the long tests (first) never end the run alone.
 # The two session limits add up to the suite's 45 minutes.
 test: setup test-deps lint typecheck ## set everything up and run the whole suite
-	$(BIN)/pytest -q -m e2e -o session_timeout=750
-	$(BIN)/pytest -q -m "not e2e" -n 2 --dist worksteal -o session_timeout=1950
+	$(BIN)/pytest -q -m e2e -o session_timeout=600
+	$(BIN)/pytest -q -m "not e2e" -n 2 --dist worksteal -o session_timeout=2100
 
 clean: ## stop the local stack and remove local state (keeps the jar cache)
 	-$(BIN)/iotfraud stack down

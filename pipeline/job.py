@@ -387,8 +387,10 @@ def prepare(
     """Check the set-up, create missing tables, register the metrics listener; start nothing."""
     check_locations(settings)
     check_topic(settings)
+    # Before any query writes (it changes table metadata), and before the missing tables are
+    # created: they take the retention from the session's default.
+    apply_retention(spark, settings)
     ensure_tables(spark, settings.lake_root)
-    apply_retention(spark, settings)  # before any query writes: it changes table metadata
     publisher = None
     if settings.source == "kafka" and settings.alerts_topic:
         publisher = alert_publisher(settings, settings.alerts_topic, like=settings.topic)

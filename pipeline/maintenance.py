@@ -109,9 +109,9 @@ def retention_property(retention: str) -> str:
 
 def apply_retention(spark: SparkSession, settings: PipelineSettings) -> None:
     """Make ``IOT_PIPELINE_VACUUM_RETENTION`` each table's own retention: for the tables this
-    session creates (a session default) and for those that exist. Run it before the streaming
-    queries start: a table property is a metadata change, and a concurrent append fails on it
-    (``MetadataChangedException``), so maintenance itself never changes one.
+    session creates from now on (a session default) and for those that exist. Run it before the
+    streaming queries start: a table property is a metadata change, and a concurrent append fails
+    on it (``MetadataChangedException``), so maintenance itself never changes one.
     """
     wanted = retention_property(settings.vacuum_retention)
     spark.conf.set(f"spark.databricks.delta.properties.defaults.{RETENTION.removeprefix('delta.')}",
@@ -120,8 +120,10 @@ def apply_retention(spark: SparkSession, settings: PipelineSettings) -> None:
         path = lake.table_path(settings.lake_root, name)
         if not DeltaTable.isDeltaTable(spark, path):
             continue
-        current = DeltaTable.forPath(spark, path).detail().select("properties").first()
-        if current is None or current[0].get(RETENTION) != wanted:
+        # The table's metadata only (DESCRIBE DETAIL would also count its files: a job a table).
+        shown = spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()
+        properties = {row.key: row.value for row in shown}
+        if properties.get(RETENTION) != wanted:
             spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{RETENTION}' = '{wanted}')")
 
 

@@ -39,7 +39,9 @@ def ensure_table(spark: SparkSession, path: str, columns: c.Columns) -> None:
             spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({c.spark_ddl(missing)})")
         return
     log.info("creating Delta table %s", path)
-    spark.createDataFrame([], c.spark_ddl(columns)).write.format("delta").mode("ignore").save(path)
+    # A commit of the schema alone: writing an empty DataFrame would run a job as well.
+    schema = spark.createDataFrame([], c.spark_ddl(columns)).schema
+    DeltaTable.createIfNotExists(spark).location(path).addColumns(schema).execute()
 
 
 def ensure_tables(spark: SparkSession, lake_root: str) -> None:

@@ -110,7 +110,11 @@ def test_a_change_no_later_reading_repeats_is_decided_once_the_fleet_moves_on(
     """A device that reports a rogue firmware a few times and then goes quiet (or back): its
     change is decided when the fleet's event time passes it, not when another change comes."""
     topic, updates_topic = make_topic(partitions=2), make_topic(partitions=1, prefix="firmware")
-    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=2)
+    # A minute into a ten-minute window: the three rogue readings (a minute) fall in one window,
+    # hence one alert. From the clock alone, they crossed a window's end in one run of ten.
+    two_hours_ago = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=2)
+    start = two_hours_ago - timedelta(minutes=two_hours_ago.minute % 10 - 1,
+                                      seconds=two_hours_ago.second)  # fmt: skip
     write_registry(lake, ["tampered", "steady"])
     pipeline = job.start(spark, settings_for(lake, tmp_path, bootstrap, topic, updates_topic))
     alerts: list[Any] = []

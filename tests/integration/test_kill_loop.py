@@ -120,16 +120,6 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
     assert match and match.group(1) == match.group(2), out.decode()[-500:]
     delivered = int(match.group(2).replace(",", ""))
 
-    def run_to_the_end() -> None:
-        """What is in the topic, into both lakes: the killed run restarted once more, the
-        uninterrupted one (the same topic and registry, from the beginning) in one go. Both in
-        this session, without a limit per batch: where a micro-batch ends changes no standing
-        alert (the killed run's batches end wherever the kills cut them), and a store_and_forward
-        burst is never older than the watermark (its window, at most 20 minutes, is not longer
-        than it), so a bigger batch drops nothing a smaller one keeps."""
-        job.run_available_now(spark, killed_settings)
-        job.run_available_now(spark, reference_settings)
-
     reference_settings = PipelineSettings(
         lake_root=reference_lake, checkpoint_root=str(tmp_path / "reference-cp"),
         bootstrap_servers=bootstrap, topic=topic, max_offsets_per_trigger=0,
@@ -145,11 +135,10 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
     spark.read.format("delta").load(tables.table_path(killed_lake, "devices")).write.format(
         "delta"
     ).save(tables.table_path(reference_lake, "devices"))
-    run_to_the_end()
-    # Then one reading of a registered device later by a window and twice the watermark, alone
-    # in its micro-batch in both runs: the watermark passes every window the simulator filled,
-    # and the rules decide on each finished window; and it passes the time by which an
-    # authorized update could still have matched a firmware change (the watermark after it).
+    # Last in the topic, one reading of a registered device later by a window and twice the
+    # watermark: the watermark passes every window the simulator filled, and the rules decide on
+    # each finished window; and it passes the time by which an authorized update could still
+    # have matched a firmware change (the watermark after it).
     device = spark.read.format("delta").load(tables.table_path(killed_lake, "devices")).first()
     later = datetime.now(timezone.utc) + timedelta(
         seconds=seconds(reference_settings.window) + 2 * seconds(reference_settings.watermark) + 60
@@ -158,7 +147,15 @@ def test_five_sigkills_while_the_simulator_streams_change_nothing(
         device.device_id, 10**6, later, firmware=device.expected_firmware,
         lat=device.site_lat, lon=device.site_lon,
     )]), timestamp=later)  # fmt: skip
-    run_to_the_end()
+    # What is in the topic, into both lakes: the killed run restarted once more, the
+    # uninterrupted one (the same topic and registry, from the beginning) in one go. Both in this
+    # session, without a limit per batch: where a micro-batch ends changes no standing alert (the
+    # killed run's batches end wherever the kills cut them), and a store_and_forward burst is
+    # never older than the watermark (its window, at most 20 minutes, is not longer than it), so
+    # a bigger batch drops nothing a smaller one keeps. A run of the available input ends with a
+    # batch of no data once the watermark has moved: the windows it closes are decided there.
+    job.run_available_now(spark, killed_settings)
+    job.run_available_now(spark, reference_settings)
 
     expected, actual = snapshot(spark, reference_lake), snapshot(spark, killed_lake)
     # Nothing lost, nothing twice: every message delivered is in telemetry or quarantine once.

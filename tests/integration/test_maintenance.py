@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import reduce
 from pathlib import Path
@@ -61,6 +62,37 @@ def test_small_files_are_compacted_and_old_ones_vacuumed(spark: Any, lake: str) 
     assert (report.files_before, report.files_after, report.files_vacuumed) == (1, 1, 12)
     assert len(list(Path(path).glob("*.parquet"))) == 1
     assert rows_of(spark, path) == before
+
+
+def test_a_pipeline_start_gives_each_table_the_retention_of_its_settings(
+    spark: Any, lake: str, bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    from pipeline import job
+    from pipeline.maintenance import MAINTAINED, RETENTION
+    from pipeline.sinks import CONTRACT_TABLES
+
+    created = [t for t in MAINTAINED if t in CONTRACT_TABLES]  # the rest come with the queries
+
+    def retention(table: str) -> str | None:
+        path = tables.table_path(lake, table)
+        return dict(spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()).get(RETENTION)
+
+    settings = PipelineSettings(
+        lake_root=lake, checkpoint_root=str(tmp_path / "cp"), bootstrap_servers=bootstrap,
+        topic=make_topic(partitions=1), firmware_topic="", alerts_topic="",
+        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}", vacuum_retention="48 hours",
+    )  # fmt: skip
+    try:
+        job.prepare(spark, settings)  # a first start creates the tables
+        assert {t: retention(t) for t in created} == dict.fromkeys(
+            created, "interval 172800 seconds"
+        )
+        job.prepare(spark, settings.model_copy(update={"vacuum_retention": "96 hours"}))
+        assert {t: retention(t) for t in created} == dict.fromkeys(
+            created, "interval 345600 seconds"
+        )
+    finally:
+        spark.conf.unset("spark.databricks.delta.properties.defaults.deletedFileRetentionDuration")
 
 
 def test_the_feature_changelog_keeps_what_a_restart_reads(spark: Any, lake: str) -> None:

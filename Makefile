@@ -50,7 +50,7 @@ unit: $(STAMP) ## the fast loop: unit tests only
 # The two session limits add up to the suite's 45 minutes.
 # The rest runs its JVMs (Spark, brokers) with the client compiler only: they live for seconds
 # to minutes on small inputs, where the optimizing compiler's threads cost more CPU than its code
-# saves (one pipeline test: 223 -> 125 CPU seconds). The demo keeps the JVM's defaults.
+# saves (docs/PERFORMANCE.md). The demo keeps the JVM's defaults.
 TEST_JVM := -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 test: setup test-deps lint typecheck ## set everything up and run the whole suite
 	$(BIN)/pytest -q -m e2e -o session_timeout=600

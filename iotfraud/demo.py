@@ -467,8 +467,9 @@ def run_demo(
     # Ctrl-C, SIGTERM or a closed terminal end the run as --duration does, with the summary.
     with stop_signals(request_stop):
         try:
+            ready = stack_settings.state_dir / "pipeline.ready"
             return supervise(args, env, status.bootstrap_servers, common,
-                             children=children, stop=stop)  # fmt: skip
+                             children=children, stop=stop, ready=ready)  # fmt: skip
         finally:
             children.stop()
 
@@ -476,6 +477,29 @@ def run_demo(
 def verbose(args: DemoOptions) -> list[str]:
     """The children's options for the demo's ``-v``."""
     return ["-v"] if args.verbose else []
+
+
+def wait_until_ready(
+    ready: Path, children: Children, stop: threading.Event, timeout_s: float = 600.0
+) -> bool:
+    """Wait until the pipeline has created ``ready`` (every query started, the model loaded);
+    False, said on the terminal, when it failed, a stop was asked for or it took ``timeout_s``."""
+    print("starting the pipeline (Spark, its queries, the model)", flush=True)
+    started = time.monotonic()
+    while not ready.exists():
+        failed = children.failed()
+        if failed:
+            print("demo stopped: " + "; ".join(failed), file=sys.stderr)
+            return False
+        if stop.wait(1):
+            return False
+        if time.monotonic() - started > timeout_s:
+            print(f"demo stopped: the pipeline did not start in {timeout_s:.0f} s (its log says "
+                  "why: see the logs line above)", file=sys.stderr)  # fmt: skip
+            return False
+    print(f"pipeline running after {time.monotonic() - started:.0f} s; starting the simulator",
+          flush=True)  # fmt: skip
+    return True
 
 
 def supervise(
@@ -486,16 +510,23 @@ def supervise(
     *,
     children: Children,
     stop: threading.Event,
+    ready: Path,
 ) -> int:
     """Run the children until --duration, a stop request or a child's failure; then let the
     pipeline finish what was sent, stop it and print the summary."""
     python = [sys.executable, "-m"]
+    ready.unlink(missing_ok=True)
     # The demo's progress line stands for the pipeline's; the pipeline's warnings still show.
     children.start(
         "pipeline",
-        [*python, "pipeline", *verbose(args), "run", "--no-progress"],
+        [*python, "pipeline", *verbose(args), "run", "--no-progress", "--ready-file", str(ready)],
         {**env, **pipeline_timing(args.accelerate)},
     )
+    # The devices start once the pipeline runs: what they send while Spark and the model load
+    # would wait in Kafka, and the first alerts would come that much later (at --accelerate 15,
+    # half a minute of start is seven simulated minutes of backlog).
+    if not wait_until_ready(ready, children, stop):
+        return 1
     # Real time by default: each device reports every 10-30 s, so event times stay close to
     # now. A new seed per run: a rerun must not resend the event ids of the previous one.
     seed = str(args.seed if args.seed is not None else int(time.time()))

@@ -46,7 +46,15 @@ def falling_behind(settings: PipelineSettings, log_file: Path | None) -> Falling
     is_flag=True,
     help="No progress line on stderr (the demo prints its own); warnings stay.",
 )
-def run(available_now: bool, no_progress: bool, **_settings: object) -> int:
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Create this file once every query runs and the model is loaded (the demo starts its "
+    "simulator then).",
+)
+def run(
+    available_now: bool, no_progress: bool, ready_file: Path | None, **_settings: object
+) -> int:
     """Run ingest, features and detection (Ctrl-C stops it cleanly)."""
     current = invocation()
     settings = settings_from(PipelineSettings)
@@ -78,6 +86,8 @@ def run(available_now: bool, no_progress: bool, **_settings: object) -> int:
     with stop_signals(request_stop):  # Ctrl-C, SIGTERM and a closed terminal
         pipeline = job.start(spark, settings)
         log.info("pipeline running; Ctrl-C stops it cleanly")
+        if ready_file is not None:
+            ready_file.write_text("running\n")
 
         def on_status(line: str) -> None:
             if not no_progress:

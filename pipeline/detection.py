@@ -72,6 +72,12 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.set_index(FEATURE_KEYS, drop=False).rename_axis([None, None])
 
 
+def scored_columns(window_columns: list[str]) -> list[str]:
+    """The columns a batch's windows offer the model: the window's own, then what the device's
+    profile adds (``rows_to_score``)."""
+    return [*window_columns, *RELATIVE_FEATURES, PROFILE_WINDOWS, FILL]
+
+
 def still_open(state: WindowState, changed: pd.DataFrame, watermark_s: float) -> pd.DataFrame:
     """The ``changed`` windows the state has not closed. A closed one comes again only in a batch
     replayed after a crash that followed its writes (Spark drops late events): it must not count
@@ -272,25 +278,42 @@ class FeaturesBatchWriter:
     written: WrittenAlerts | None = None
     # A batch and ``finish`` never run side by side, even if a stop returned early.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _named: bool = field(default=False, repr=False)  # app_id carries the checkpoint's id
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         with self._lock:
             self._process(batch, batch_id)
 
-    def _process(self, batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession
-        path = partial(lake.table_path, self.lake_root)
+    def load(self, spark: SparkSession, window_columns: list[str]) -> None:
+        """Load what the first batch needs: the window state, the alerts of open windows and the
+        model. Called before the query starts (nothing of it writes these tables yet), so that
+        the first batch is not late by the time these take; else the first batch loads them."""
+        with self._lock:
+            self._load(spark, window_columns)
+
+    def _load(self, spark: SparkSession, window_columns: list[str]) -> None:
         if self.state is None or self.written is None:
             self.state = load_state(spark, self.lake_root, spec=self.spec,
                                     watermark_s=self.watermark_s,
                                     min_events=self.rules.default.min_events)  # fmt: skip
-            self.written = WrittenAlerts.load(spark, path(lake.ALERTS), self._done(self.state))
+            alerts = lake.table_path(self.lake_root, lake.ALERTS)
+            self.written = WrittenAlerts.load(spark, alerts, self._done(self.state))
             if self.publish is not None:
                 # As the table holds them: a stop that died between publishing the open
                 # windows' latest values and writing them (``finish``) is mended here.
                 self.publish(self.written.table())
-            if self.checkpoint:
-                self.app_id = f"{self.app_id}-{checkpoint_id(spark, self.checkpoint)}"
+            if self.scorer is not None:
+                self.scorer.current(scored_columns(window_columns))
+
+    def _process(self, batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession
+        path = partial(lake.table_path, self.lake_root)
+        self._load(spark, batch.columns)
+        if self.checkpoint and not self._named:
+            # The query's id is in its checkpoint once it runs, not before.
+            self.app_id = f"{self.app_id}-{checkpoint_id(spark, self.checkpoint)}"
+            self._named = True
+        assert self.state is not None and self.written is not None
         laps = _Laps()
         windows = batch.localCheckpoint(eager=True)
         laps("aggregate")
@@ -300,8 +323,7 @@ class FeaturesBatchWriter:
         state, closing = advance(self.state, changed, spec=self.spec,
                                  watermark_s=self.watermark_s,
                                  min_events=self.rules.default.min_events)  # fmt: skip
-        columns = [*windows.columns, *RELATIVE_FEATURES, PROFILE_WINDOWS, FILL]
-        model = self.scorer.current(columns) if self.scorer else None
+        model = self.scorer.current(scored_columns(windows.columns)) if self.scorer else None
         scoring = rows_to_score(closing, state.history, self.spec)
         alerts = detect(changed, scoring, state.history, model=model, rules=self.rules,
                         spec=self.spec)  # fmt: skip

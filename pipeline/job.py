@@ -241,6 +241,7 @@ class Pipeline:
             publish=self.publisher,
         )
         self.detection = writer
+        writer.load(self.spark, features.columns)
         return self._start(features, DETECTION, writer, output_mode="update")
 
     @property

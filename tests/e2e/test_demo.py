@@ -9,9 +9,12 @@ import os
 import re
 import subprocess
 import sys
+from datetime import timezone
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
+from deltalake import DeltaTable
 
 from infra import contract as c
 from infra.ports import free_port
@@ -127,3 +130,13 @@ def test_bounded_demo_detects_every_injected_scenario(
            if int(row["injected"]) and float(row["precision"]) < 0.8}  # fmt: skip
     assert not low, f"precision below 0.8: {low}\n{out[-4000:]}"
     assert re.search(r"alert latency \(Kafka -> alert committed\): p50 [\d.]+ s, p95 [\d.]+ s", out)
+
+    # The devices start once the pipeline runs: no message waited in Kafka while Spark started.
+    assert re.search(r"pipeline running after \d+ s; starting the simulator", out), out[-4000:]
+    ready = (tmp_path / "state" / "pipeline.ready").stat().st_mtime
+    sent = DeltaTable(str(tmp_path / "lake" / "telemetry")).to_pyarrow_table(
+        columns=["kafka_timestamp"]
+    )
+    first = pc.min(sent.column(0)).as_py()
+    first = first if first.tzinfo else first.replace(tzinfo=timezone.utc)
+    assert first.timestamp() >= ready - 1, (first, ready)  # a second: file times' granularity

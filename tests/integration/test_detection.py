@@ -38,7 +38,7 @@ pytestmark = pytest.mark.integration
 
 def test_model_alerts_carry_the_version_and_follow_the_alias(
     spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str, tmp_path: Path,
-    mlflow_uri: str,
+    mlflow_uri: str, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     topic = make_topic(partitions=2)
     now = datetime.now(timezone.utc)
@@ -53,7 +53,12 @@ def test_model_alerts_carry_the_version_and_follow_the_alias(
         mlflow_tracking_uri=mlflow_uri, model_name=MODEL, firmware_topic="",
         fast_path=False,  # its tasks need slots the shared local[2] session lacks
     )  # fmt: skip
-    pipeline = job.start(spark, settings)
+    with caplog.at_level("INFO", logger="pipeline.scoring"):
+        pipeline = job.start(spark, settings)
+    # Loaded as the pipeline starts, not by its first batch (none has run: the topic is empty),
+    # which would otherwise be late by the time MLflow takes.
+    loaded = [r.getMessage() for r in caplog.records if r.name == "pipeline.scoring"]
+    assert loaded == [f"scoring with {MODEL} version {v1} (threshold 0.500)"]
 
     def process() -> None:
         for query in pipeline.queries:

@@ -53,9 +53,9 @@ unit: $(STAMP) ## the fast loop: unit tests only
 # saves (docs/PERFORMANCE.md). The demo keeps the JVM's defaults.
 TEST_JVM := -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 test: setup test-deps lint typecheck ## set everything up and run the whole suite
-	$(BIN)/pytest -q -m e2e -o session_timeout=600
+	$(BIN)/pytest -q -m e2e -o session_timeout=720
 	JAVA_TOOL_OPTIONS="$(TEST_JVM)" \
-	  $(BIN)/pytest -q -m "not e2e" -n 2 --dist worksteal -o session_timeout=2100
+	  $(BIN)/pytest -q -m "not e2e" -n 2 --dist worksteal -o session_timeout=1980
 
 clean: ## stop the local stack and remove local state (keeps the jar cache)
 	-$(BIN)/iotfraud stack down

@@ -3,6 +3,7 @@ tables exist (real Delta tables written with deltalake)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -73,3 +74,42 @@ def test_the_demo_reads_for_silences_at_the_simulated_clocks_pace(
     assert pipeline_timing(1) == {}  # real time: the pipeline's own default
     monkeypatch.setenv(key, "30 seconds")  # what the user set stays
     assert pipeline_timing(15) == {}
+
+
+def test_the_demo_waits_for_the_pipeline_and_says_why_it_stops(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+    import threading
+
+    from infra.processes import Children
+    from iotfraud.demo import wait_until_ready
+
+    ready = tmp_path / "pipeline.ready"
+    children, stop = Children(), threading.Event()
+    try:
+        # A pipeline that starts: the wait ends when its file appears, and says after how long.
+        starts = f"import time, pathlib; time.sleep(1.5); pathlib.Path({str(ready)!r}).touch()"
+        children.start("pipeline", [sys.executable, "-c", starts])
+        assert wait_until_ready(ready, children, stop, timeout_s=30)
+        said = capsys.readouterr().out
+        assert re.search(r"pipeline running after [1-9]\d* s; starting the simulator", said), said
+        children.stop()
+
+        # A pipeline that fails at start: the demo stops and names it, without waiting it out.
+        ready.unlink()
+        failing = Children()
+        failing.start("pipeline", [sys.executable, "-c", "import sys; sys.exit(3)"])
+        assert not wait_until_ready(ready, failing, stop, timeout_s=30)
+        assert "demo stopped: pipeline exited with 3" in capsys.readouterr().err
+
+        # One that never gets there: bounded.
+        slow = Children()
+        slow.start("pipeline", [sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert not wait_until_ready(ready, slow, stop, timeout_s=2)
+            assert "the pipeline did not start in 2 s" in capsys.readouterr().err
+        finally:
+            slow.stop(timeout_s=5)
+    finally:
+        children.stop(timeout_s=5)

@@ -148,6 +148,11 @@ def test_dependencies_wait_for_something_that_can_happen(
     )
     for name in ("kafka", "mlflow", "spark-master", "spark-worker", "dashboard"):
         assert "healthcheck" in services[name], name
+    # The devices start once the pipeline runs: its health is the file `run --ready-file` writes.
+    assert services["simulator"]["depends_on"]["pipeline"]["condition"] == "service_healthy"
+    ready = option(list(services["pipeline"]["command"]), "--ready-file")
+    assert len(ready) == 1
+    assert services["pipeline"]["healthcheck"]["test"] == ["CMD", "test", "-f", *ready]
 
 
 # --- the commands exist and accept their arguments --------------------------------------------

@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 
 from infra import contract as c
 from pipeline import columns as col
+from pipeline.metrics import Laps
 from pipeline.sinks import idempotent_append, retry_on_conflict
 
 log = logging.getLogger(__name__)
@@ -419,17 +420,24 @@ def write_alerts(
                           pd.Timestamp(rows[maybe][col.WINDOW_START].min()))  # fmt: skip
     held.update({key: written.rows[key] for key in changed["alert_id"]})
     after, merge_changes = after_merge(merged, held)
+    laps = Laps()
     if publish is not None:
         publish(_concat(appended, after[merge_changes.to_numpy()], withdrawn))
+    laps("publish")
     if len(appended):
-        with _WRITING:
+        with _WRITING:  # the wait for the other writers of alerts shows in "append"
             idempotent_append(to_spark(spark, appended), path, app_id, batch_id,
                               rows=len(appended))  # fmt: skip
+    laps("append")
     if len(merged):
         earliest = pd.Timestamp(merged[col.WINDOW_START].min()).to_pydatetime()
         merge_alerts(to_spark(spark, merged), path, earliest=earliest)
+    laps("MERGE")
     if len(withdrawn):
         withdraw_alerts(spark, withdrawn, path)
+    laps("withdrawal")
+    log.debug("alerts written: %d appended, %d MERGEd, %d withdrawn; %s",
+              len(appended), len(merged), len(withdrawn), laps)  # fmt: skip
     for part in (appended, after, withdrawn):
         written.remember(part)
     written.after_start = False

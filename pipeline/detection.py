@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,6 +32,7 @@ from pyspark.sql import functions as F
 from infra import lake
 from pipeline import columns as col
 from pipeline.alerts import Publish, WrittenAlerts, empty_alerts, write_alerts
+from pipeline.metrics import Laps
 from pipeline.profiles import (
     FILL,
     HISTORY_COLUMNS,
@@ -227,22 +227,6 @@ def window_states(spark: SparkSession, lake_root: str) -> DataFrame:
     return closed.unionByName(still_open, allowMissingColumns=True)
 
 
-class _Laps:
-    """Where a batch's time went, for the debug log."""
-
-    def __init__(self) -> None:
-        self.last = time.perf_counter()
-        self.laps: list[str] = []
-
-    def __call__(self, name: str) -> None:
-        now = time.perf_counter()
-        self.laps.append(f"{name} {now - self.last:.2f} s")
-        self.last = now
-
-    def __str__(self) -> str:
-        return ", ".join(self.laps)
-
-
 def _read(spark: SparkSession, lake_root: str, name: str) -> DataFrame | None:
     from delta.tables import DeltaTable
 
@@ -314,7 +298,7 @@ class FeaturesBatchWriter:
             self.app_id = f"{self.app_id}-{checkpoint_id(spark, self.checkpoint)}"
             self._named = True
         assert self.state is not None and self.written is not None
-        laps = _Laps()
+        laps = Laps()
         windows = batch.localCheckpoint(eager=True)
         laps("aggregate")
         received = windows.toPandas()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -103,3 +104,19 @@ class MetricsListener(StreamingQueryListener):
                 f"wm {wm}, late {row['late_rows_dropped']})"
             )
         return " | ".join(parts) or "waiting for the first micro-batch"
+
+
+class Laps:
+    """Where a batch's time went, step by step, for the debug log."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.laps: list[str] = []
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps.append(f"{name} {now - self.last:.2f} s")
+        self.last = now
+
+    def __str__(self) -> str:
+        return ", ".join(self.laps)

@@ -3,8 +3,9 @@ how a process without Spark opens one (``open_table``, with ``deltalake``)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -66,3 +67,38 @@ def open_table(lake_root: str, table: str) -> DeltaTable | None:
         return DeltaTable(uri)
     except TableNotFoundError:
         return None
+
+
+def first_commit_times(lake_root: str, table: str, key: str) -> dict[Any, datetime]:
+    """Per value of the column ``key``: when the commit that first added a row holding it was
+    made (its commit timestamp, UTC), walking the table's versions in order. Rows a later
+    commit rewrote (a MERGE, OPTIMIZE) keep the time they were first committed. Empty when the
+    table does not exist. Versions whose log or files are gone (log retention, VACUUM) are
+    skipped: the time then known for a key is that of the first version still readable."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake.exceptions import DeltaError
+
+    found = open_table(lake_root, table)
+    if found is None:
+        return {}
+    stamps = {entry["version"]: entry["timestamp"] for entry in found.history()}
+    files = found.to_pyarrow_dataset().filesystem  # the table's folder, on any store
+    seen: set[str] = set()
+    first: dict[Any, datetime] = {}
+    for version in sorted(stamps):
+        try:
+            found.load_as_version(version)
+        except DeltaError:  # cleaned up: the next version still readable counts
+            continue
+        added = set(pa.table(found.get_add_actions(flatten=True)).column("path").to_pylist())
+        committed = datetime.fromtimestamp(stamps[version] / 1000, tz=timezone.utc)
+        for path in sorted(added - seen):
+            try:
+                values = pq.read_table(path, filesystem=files, columns=[key]).column(key)
+            except FileNotFoundError:  # vacuumed: its rows were rewritten into later files
+                continue
+            for value in values.to_pylist():
+                first.setdefault(value, committed)
+        seen |= added
+    return first

@@ -4,6 +4,7 @@ tables exist (real Delta tables written with deltalake)."""
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,12 +33,41 @@ def test_progress_counts_rows_of_every_commit_and_alerts_by_type(tmp_path: Path)
     )
 
 
-def test_alert_latency_counts_from_the_message_in_the_batch_that_raised_the_alert(
+def test_a_rows_first_commit_time_survives_the_rewrites_of_later_commits(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    root = str(tmp_path)
+    path = lake.table_path(root, lake.ALERTS)
+    write_deltalake(path, pa.table({"alert_id": ["a", "b"], "score": [1.0, 2.0]}))
+    write_deltalake(path, pa.table({"alert_id": ["c"], "score": [3.0]}), mode="append")
+    # A MERGE rewrites the file holding "a" and adds "d": a new file holds "a", "b" and "d".
+    (
+        DeltaTable(path)
+        .merge(pa.table({"alert_id": ["a", "d"], "score": [9.0, 4.0]}),
+               "t.alert_id = s.alert_id", source_alias="s", target_alias="t")
+        .when_matched_update_all().when_not_matched_insert_all().execute()
+    )  # fmt: skip
+    stamps = {e["version"]: e["timestamp"] for e in DeltaTable(path).history()}
+    at = {v: datetime.fromtimestamp(ms / 1000, tz=timezone.utc) for v, ms in stamps.items()}
+    assert stamps[0] < stamps[1] < stamps[2]
+    assert lake.first_commit_times(root, lake.ALERTS, "alert_id") == {
+        "a": at[0],
+        "b": at[0],
+        "c": at[1],
+        "d": at[2],
+    }
+    assert lake.first_commit_times(root, lake.TELEMETRY, "event_id") == {}  # no such table
+
+
+def test_alert_latency_counts_from_the_messages_in_the_batch_that_raised_the_alert_to_its_commit(
     tmp_path: Path,
 ) -> None:
-    from datetime import datetime, timedelta, timezone
+    from deltalake import DeltaTable
 
-    root, t0 = str(tmp_path / "lake"), datetime(2026, 11, 26, 2, 0, tzinfo=timezone.utc)
+    # Messages a minute old; the alert raised (detected_at) 17 s after the first of them, its
+    # commit (the Delta write below) now: the latency runs to the commit, not to detected_at.
+    root = str(tmp_path / "lake")
+    t0 = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(seconds=60)
     offsets = tmp_path / "cp" / "detection" / "offsets"
     offsets.mkdir(parents=True)
     # Batch 0 read offsets 0-9 of partition 0, batch 1 offsets 10-19; a Delta source beside.
@@ -50,14 +80,27 @@ def test_alert_latency_counts_from_the_message_in_the_batch_that_raised_the_aler
              "kafka_offset": o, "kafka_timestamp": t0 + timedelta(seconds=o),
              "ingest_time": t0 + timedelta(seconds=o + 30)} for o in (3, 12, 15)]  # fmt: skip
     write_deltalake(lake.table_path(root, lake.TELEMETRY), pa.Table.from_pylist(rows))
-    # Raised in batch 1, committed at 00:17: the device's newest message of batch 1 is at 00:15.
-    alert = {"device_id": "d1", "detected_at": t0 + timedelta(seconds=17), "batch_id": 1,
-             "alert_type": "flood"}  # fmt: skip
-    write_deltalake(lake.table_path(root, lake.ALERTS), pa.Table.from_pylist([alert]))
-    assert alert_latency(root, str(tmp_path / "cp")) == (2.0, 2.0)
-    # Without the checkpoint it can only go by what telemetry held before the alert: ingest wrote
-    # all three 30 s late, after the alert, so nothing to measure from.
+    alert = {"alert_id": "x", "device_id": "d1", "detected_at": t0 + timedelta(seconds=17),
+             "batch_id": 1, "alert_type": "flood"}  # fmt: skip
+    path = lake.table_path(root, lake.ALERTS)
+    write_deltalake(path, pa.Table.from_pylist([alert]))
+    committed = DeltaTable(path).history()[0]["timestamp"] / 1000 - t0.timestamp()
+    # Batch 1 holds the device's messages at offsets 12 and 15: from the newest, and the first.
+    latency = alert_latency(root, str(tmp_path / "cp"))
+    assert latency is not None and committed > 59
+    assert (latency.p50, latency.p95) == pytest.approx((committed - 15, committed - 15))
+    assert (latency.first_p50, latency.first_p95) == pytest.approx((committed - 12, committed - 12))
+    # Without the checkpoint, the device's newest message telemetry held when the alert was
+    # raised: ingest wrote all three 30 s late, after detected_at, so nothing to measure from.
     assert alert_latency(root) is None
+    # Raised later, at 00:44: telemetry then held the messages at 3 and 12 (ingested at 00:33 and
+    # 00:42); the newest, 12, counts.
+    later = {**alert, "detected_at": t0 + timedelta(seconds=44)}
+    write_deltalake(path, pa.Table.from_pylist([later]), mode="overwrite")
+    by_telemetry = alert_latency(root)
+    assert by_telemetry is not None and by_telemetry.first_p50 is None
+    # The overwrite commits "x" again; its first commit counts.
+    assert by_telemetry.p50 == pytest.approx(committed - 12)
 
 
 def test_the_demo_reads_for_silences_at_the_simulated_clocks_pace(

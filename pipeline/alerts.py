@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from infra import contract as c
 from pipeline import columns as col
 from pipeline.metrics import Laps
-from pipeline.sinks import idempotent_append, retry_on_conflict
+from pipeline.sinks import driver_frame, idempotent_append, retry_on_conflict
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def to_spark(spark: SparkSession, rows: pd.DataFrame) -> DataFrame:
     # they were written by toPandas.
     if not len(rows):
         return spark.createDataFrame([], schema)
-    return spark.createDataFrame(rows[TABLE_COLUMNS], schema)
+    return driver_frame(spark, rows[TABLE_COLUMNS], schema)
 
 
 def merge_alerts(alerts: DataFrame, path: str, *, earliest: datetime) -> None:
@@ -149,8 +149,10 @@ def withdraw_alerts(spark: SparkSession, stale: pd.DataFrame, path: str) -> None
     nothing."""
     if stale.empty:
         return
-    rows = spark.createDataFrame(
-        stale[["alert_id", col.WINDOW_START]], f"alert_id string, {col.WINDOW_START} timestamp"
+    rows = driver_frame(
+        spark,
+        stale[["alert_id", col.WINDOW_START]],
+        f"alert_id string, {col.WINDOW_START} timestamp",
     )
     earliest = pd.Timestamp(stale[col.WINDOW_START].min()).strftime(_TIME_TEXT)
     condition = f"t.alert_id = s.alert_id AND t.`{col.WINDOW_START}` >= TIMESTAMP '{earliest}'"

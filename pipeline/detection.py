@@ -47,7 +47,7 @@ from pipeline.profiles import (
 )
 from pipeline.rules import RULE_TYPES, RuleThresholds, rule_alerts
 from pipeline.scoring import LoadedModel, ModelScorer, model_alerts
-from pipeline.sinks import checkpoint_id, idempotent_append
+from pipeline.sinks import checkpoint_id, driver_frame, idempotent_append
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +320,7 @@ class FeaturesBatchWriter:
                      written=self.written, stale=stale, publish=self.publish)  # fmt: skip
         laps("alerts")
         if len(closing):
-            closed = spark.createDataFrame(closing[windows.columns], windows.schema)
+            closed = driver_frame(spark, closing[windows.columns], windows.schema)
             idempotent_append(closed, path(lake.FEATURES), f"{self.app_id}-features", batch_id,
                               rows=len(closing), merge_schema=True)  # fmt: skip
         if len(received):

@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from infra import contract as c
+from pipeline.sinks import driver_frame
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,8 @@ class MetricsListener(StreamingQueryListener):
         with self._lock:
             rows, self._rows = self._rows, []
         if rows:
-            spark.createDataFrame(rows, c.spark_ddl(c.PIPELINE_METRICS_COLUMNS)).write.format(
-                "delta"
-            ).mode("append").save(self.path)
+            frame = driver_frame(spark, rows, c.spark_ddl(c.PIPELINE_METRICS_COLUMNS))
+            frame.write.format("delta").mode("append").save(self.path)
         return len(rows)
 
     def status_line(self) -> str:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from infra import contract as c
 from infra import lake
@@ -25,6 +27,14 @@ CONTRACT_TABLES: dict[str, c.Columns] = {
     lake.FIRMWARE_UPDATES: c.FIRMWARE_UPDATES_COLUMNS,
     lake.FAST_ALERTS: c.FAST_ALERTS_COLUMNS,
 }
+
+
+def driver_frame(spark: SparkSession, data: Any, schema: str | StructType) -> DataFrame:
+    """Rows the driver holds (pandas or a list) as a Spark frame of one partition. Spark splits
+    local data into one partition per core, and a write of it into one file per partition: a few
+    rows then make several files, each a task in every later read, scan and MERGE of the table,
+    queued behind the other queries' tasks on a busy machine."""
+    return spark.createDataFrame(data, schema).coalesce(1)
 
 
 def ensure_table(spark: SparkSession, path: str, columns: c.Columns) -> None:

@@ -3,6 +3,9 @@ and an append takes new feature columns into an existing table."""
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
@@ -80,3 +83,50 @@ def test_an_alerts_table_of_an_older_release_takes_the_status_column(
     idempotent_append(alert, path, "app-alerts", 0)
     statuses = {r.alert_id == "old-1": r.status for r in table.collect()}
     assert statuses == {True: None, False: c.ALERT_RAISED}
+
+
+def test_rows_the_driver_writes_land_in_one_file_per_commit(spark: SparkSession, lake: str) -> None:
+    """The alerts a batch raises, their final values and the pipeline's metrics: a write of a
+    few rows held in the driver adds one file, not one per core (local[2] here: two)."""
+    import pandas as pd
+
+    from infra import lake as tables
+    from pipeline.alerts import WrittenAlerts, alert_frame, write_alerts
+    from pipeline.metrics import MetricsListener
+    from pipeline.sinks import ensure_tables
+
+    def added(path: str) -> list[int]:
+        """Files each commit after the table's creation added, oldest first."""
+        history = DeltaTable.forPath(spark, path).history().orderBy("version").collect()
+        metrics = [h.operationMetrics for h in history if h.operation != "CREATE TABLE"]
+        return [int(m.get("numFiles") or m.get("numTargetFilesAdded")) for m in metrics]
+
+    ensure_tables(spark, lake)
+    path = tables.table_path(lake, tables.ALERTS)
+    start = pd.Timestamp("2026-11-28 08:00")
+    windows = pd.DataFrame([{"device_id": f"d{i}", "window_start": start,
+                             "window_end": start + pd.Timedelta(minutes=10),
+                             "first_event_time": start, "last_event_time": start}
+                            for i in range(40)])  # fmt: skip
+    raised = alert_frame(windows, "flood", "high", 0.5, "40 events")
+    written = WrittenAlerts()
+    write_alerts(spark, raised, raised.iloc[:0], path=path, app_id="app", batch_id=0,
+                 written=written)  # fmt: skip
+    final = alert_frame(windows, "flood", "high", 0.9, "90 events")  # the windows closed
+    write_alerts(spark, final.iloc[:0], final, path=path, app_id="app", batch_id=1,
+                 written=written)  # fmt: skip
+    table = spark.read.format("delta").load(path).toPandas()
+    assert sorted(table["device_id"]) == sorted(windows["device_id"])
+    assert set(table["score"]) == {0.9}
+    # The append; the MERGE's rewrite is the join's output, in spark.sql.shuffle.partitions files.
+    assert added(path) == [1, 2]
+
+    listener = MetricsListener(tables.table_path(lake, tables.PIPELINE_METRICS))
+    for batch in range(10):  # as Spark reports a query's progress to the listener
+        progress = {"name": "ingest", "runId": "r", "batchId": batch, "numInputRows": 5,
+                    "timestamp": "2026-11-28T08:00:00.000Z"}  # fmt: skip
+        listener.onQueryProgress(
+            SimpleNamespace(progress=SimpleNamespace(json=json.dumps(progress)))
+        )
+    assert listener.flush(spark) == 10
+    assert added(tables.table_path(lake, tables.PIPELINE_METRICS)) == [1]

@@ -26,7 +26,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from infra import contract as c
@@ -119,56 +119,42 @@ def to_spark(spark: SparkSession, rows: pd.DataFrame) -> DataFrame:
     return driver_frame(spark, rows[TABLE_COLUMNS], schema)
 
 
-def merge_alerts(alerts: DataFrame, path: str, *, earliest: datetime) -> None:
-    """MERGE on alert_id: new alerts inserted, changed ones updated; a replay changes nothing.
-
-    ``earliest``: the smallest window start among ``alerts`` (the callers hold them in pandas),
-    which bounds the table files the MERGE reads.
+def merge_alerts(spark: SparkSession, rows: pd.DataFrame, path: str) -> None:
+    """MERGE ``rows`` of the table (TABLE_COLUMNS) on alert_id: new alerts inserted, changed
+    ones updated, and rows whose ``status`` is withdrawn mark the table's withdrawn; a replay
+    changes nothing. One commit, however many of each kind.
     """
-    bound = f"t.`{col.WINDOW_START}` >= TIMESTAMP '{earliest.strftime(_TIME_TEXT)}'"
-    changed = " OR ".join(f"NOT (t.`{f}` <=> s.`{f}`)" for f in _UPDATABLE)
-    # alert_id is made from the window start, so a match has the same window_start.
-    condition = "t.alert_id = s.alert_id AND " + bound
-
-    def merge() -> None:
-        with _WRITING:
-            (
-                DeltaTable.forPath(alerts.sparkSession, path)
-                .alias("t")
-                .merge(alerts.alias("s"), condition)
-                .whenMatchedUpdate(condition=changed, set={f: f"s.`{f}`" for f in _UPDATABLE})
-                .whenNotMatchedInsertAll()
-                .execute()
-            )
-
-    retry_on_conflict(merge, "alerts MERGE")
-
-
-def withdraw_alerts(spark: SparkSession, stale: pd.DataFrame, path: str) -> None:
-    """Mark the ``stale`` alerts (``alert_id``, ``window_start``) withdrawn; a replay changes
-    nothing."""
-    if stale.empty:
+    if rows.empty:
         return
-    rows = driver_frame(
-        spark,
-        stale[["alert_id", col.WINDOW_START]],
-        f"alert_id string, {col.WINDOW_START} timestamp",
+    alerts = to_spark(spark, rows)
+    changed = " OR ".join(f"NOT (t.`{f}` <=> s.`{f}`)" for f in _UPDATABLE)
+    withdrawn = f"s.status <=> '{c.ALERT_WITHDRAWN}'"
+    # alert_id is made from the window start, so a match has the same window start. Bounding it
+    # by the rows' own lets Delta skip, by their statistics, the files of older windows and of
+    # newer ones: a batch's final values are of windows closing now, its new alerts of windows
+    # still filling.
+    starts = pd.to_datetime(rows[col.WINDOW_START])
+    condition = (
+        f"t.alert_id = s.alert_id AND t.`{col.WINDOW_START}` BETWEEN "
+        f"TIMESTAMP '{starts.min().strftime(_TIME_TEXT)}' AND "
+        f"TIMESTAMP '{starts.max().strftime(_TIME_TEXT)}'"
     )
-    earliest = pd.Timestamp(stale[col.WINDOW_START].min()).strftime(_TIME_TEXT)
-    condition = f"t.alert_id = s.alert_id AND t.`{col.WINDOW_START}` >= TIMESTAMP '{earliest}'"
-    standing = f"NOT (t.status <=> '{c.ALERT_WITHDRAWN}')"
 
     def merge() -> None:
+        update: dict[str, str | Column] = {f: f"s.`{f}`" for f in _UPDATABLE}
+        status: dict[str, str | Column] = {"status": "s.status"}
         with _WRITING:
             (
                 DeltaTable.forPath(spark, path)
                 .alias("t")
-                .merge(rows.alias("s"), condition)
-                .whenMatchedUpdate(condition=standing, set={"status": F.lit(c.ALERT_WITHDRAWN)})
+                .merge(alerts.alias("s"), condition)
+                .whenMatchedUpdate(f"{withdrawn} AND NOT (t.status <=> s.status)", status)
+                .whenMatchedUpdate(f"NOT ({withdrawn}) AND ({changed})", update)
+                .whenNotMatchedInsertAll(f"NOT ({withdrawn})")
                 .execute()
             )
 
-    retry_on_conflict(merge, "alerts withdrawal MERGE")
+    retry_on_conflict(merge, "alerts MERGE")
 
 
 def _comparable(value: object) -> Hashable:
@@ -374,11 +360,11 @@ def upsert_alerts(
     if alerts.empty:
         return
     rows = as_written(alerts, batch_id, batch_time())
-    earliest = pd.Timestamp(rows[col.WINDOW_START].min())
     if publish is not None:
+        earliest = pd.Timestamp(rows[col.WINDOW_START].min())
         after, changed = after_merge(rows, table_rows(spark, path, rows["alert_id"], earliest))
         publish(after[changed.to_numpy()])
-    merge_alerts(to_spark(spark, rows), path, earliest=earliest.to_pydatetime())
+    merge_alerts(spark, rows, path)
 
 
 def write_alerts(
@@ -394,10 +380,11 @@ def write_alerts(
     publish: Publish | None = None,
 ) -> None:
     """Append the alerts the table does not hold yet (``WrittenAlerts.to_write``: ``raised`` on
-    a changed window, or called for by the ``final`` state of a closing one); MERGE the ``final``
-    values of alerts (their window closed, or the query stopped), where they differ from the
-    table's; mark the ``stale`` ones withdrawn (``WrittenAlerts.stale``). With ``publish``, every
-    row these writes change, as the table will hold it, is published first (``pipeline.publish``).
+    a changed window, or called for by the ``final`` state of a closing one); then, in one MERGE,
+    the ``final`` values of alerts (their window closed, or the query stopped) where they differ
+    from the table's, and the ``stale`` ones marked withdrawn (``WrittenAlerts.stale``). With
+    ``publish``, every row these writes change, as the table will hold it, is published first
+    (``pipeline.publish``).
 
     An alert is written when first raised and, if its values changed meanwhile, once more with
     its final values. A window's rule alert is decided again every time the window changes, and
@@ -431,13 +418,9 @@ def write_alerts(
             idempotent_append(to_spark(spark, appended), path, app_id, batch_id,
                               rows=len(appended))  # fmt: skip
     laps("append")
-    if len(merged):
-        earliest = pd.Timestamp(merged[col.WINDOW_START].min()).to_pydatetime()
-        merge_alerts(to_spark(spark, merged), path, earliest=earliest)
+    # Final values and withdrawals in one MERGE: both come when windows close.
+    merge_alerts(spark, _concat(merged, withdrawn), path)
     laps("MERGE")
-    if len(withdrawn):
-        withdraw_alerts(spark, withdrawn, path)
-    laps("withdrawal")
     log.debug("alerts written: %d appended, %d MERGEd, %d withdrawn; %s",
               len(appended), len(merged), len(withdrawn), laps)  # fmt: skip
     for part in (appended, after, withdrawn):

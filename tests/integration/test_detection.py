@@ -197,9 +197,17 @@ def test_a_rule_alert_its_finished_window_does_not_call_for_is_withdrawn(
 
     # The windows holding 08:00-08:04:30: 07:55-08:05 holds nothing else, 08:00-08:10 fills on.
     first = [start - timedelta(minutes=5), start]
+
+    def operations() -> list[str]:
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{lake_table(lake, 'alerts')}`")
+        return [r.operation for r in history.orderBy("version").collect()]
+
     writer(windows(recovers[:10] + constant[:10]), 0)
     assert stuck_alerts() == {(d, w): "raised" for d in ("stuck", "clean") for w in first}
+    before_close = len(operations())
     writer(windows(recovers + constant), 1)  # to 08:59:30: both windows closed
+    # The new alerts appended; final values and the withdrawal in one MERGE.
+    assert operations()[before_close:] == ["WRITE", "MERGE"]
     after = stuck_alerts()
     assert {(d, w): after[(d, w)] for d in ("stuck", "clean") for w in first} == {
         ("stuck", first[0]): "raised", ("stuck", start): "withdrawn",

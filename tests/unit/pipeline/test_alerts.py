@@ -20,7 +20,6 @@ from pipeline.alerts import (
     as_written,
     merge_alerts,
     records,
-    to_spark,
 )
 from pipeline.sinks import ensure_table
 
@@ -128,15 +127,14 @@ def test_the_pipelines_alert_writers_take_turns_instead_of_conflicting(
     once into the unpartitioned table conflict: one is done again, after Delta logged an ERROR."""
     path = str(tmp_path / "alerts")
     ensure_table(spark, path, c.ALERTS_COLUMNS)
-    batches = [as_written(alerts((f"d{i}", 0.5, "40 events")), i, NOW) for i in range(3)]
-    frames = [to_spark(spark, rows) for rows in batches]
+    frames = [as_written(alerts((f"d{i}", 0.5, "40 events")), i, NOW) for i in range(3)]
     errors: list[BaseException] = []
     together = threading.Barrier(len(frames))
 
     def write(frame: Any) -> None:
         together.wait()
         try:
-            merge_alerts(frame, path, earliest=T0.to_pydatetime())
+            merge_alerts(spark, frame, path)
         except BaseException as exc:  # raised below, in the test's thread
             errors.append(exc)
 

@@ -128,7 +128,9 @@ class IngestBatchWriter:
                 "detail": F.lit("event already ingested (same event_id and event_time)"),
             }
         )
-        rejected = quarantined(marked.rows).unionByName(quarantined(duplicates))
+        # A few rows per batch: in one file, not one per Kafka partition (the detection query
+        # reads every new file of quarantine as a task of its next batch).
+        rejected = quarantined(marked.rows).unionByName(quarantined(duplicates)).coalesce(1)
         side_by_side(
             lambda: idempotent_append(new_events, telemetry_path, f"{self.app_id}-telemetry",
                                       batch_id, rows=marked.new),

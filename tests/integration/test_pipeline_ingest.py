@@ -44,6 +44,13 @@ def table(spark: Any, lake_root: str, name: str) -> Any:
     return spark.read.format("delta").load(lake.table_path(lake_root, name))
 
 
+def files_per_write(spark: Any, lake_root: str, name: str) -> list[int]:
+    """The files each append to a table added, oldest first."""
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{lake.table_path(lake_root, name)}`")
+    writes = history.where("operation = 'WRITE'").orderBy("version").collect()
+    return [int(h.operationMetrics["numFiles"]) for h in writes]
+
+
 def test_live_pipeline_quarantines_dedups_joins_and_windows(
     spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str, tmp_path: Path
 ) -> None:
@@ -58,7 +65,8 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
     dev2 = device_series("dev-2", start, 10, firmware="6.6.6")  # not the expected firmware
     rogue = device_series("dev-9", start, 5)
     replayed = dev1[:3]  # same event_id, same payload: a replay
-    bad = [("dev-1", b"{broken"), ("dev-1", json.dumps({"device_id": "dev-1"}).encode())]
+    bad = [("dev-1", b"{broken"), ("dev-1", json.dumps({"device_id": "dev-1"}).encode()),
+           ("dev-2", b"{broken")]  # in another partition than dev-1's  # fmt: skip
     produce(bootstrap, topic, encoded(dev1 + dev2 + rogue) + encoded(replayed) + bad)
 
     settings = settings_for(lake, tmp_path, bootstrap_servers=bootstrap, topic=topic)
@@ -71,9 +79,14 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
         telemetry = table(spark, lake, "telemetry")
         assert telemetry.count() == 35
         assert telemetry.select("event_id").distinct().count() == 35
-        quarantine = Counter(r.reason for r in table(spark, lake, "quarantine").collect())
-        assert quarantine == {c.REASON_DUPLICATE: 3, c.REASON_INVALID_JSON: 1,
-                              c.REASON_MISSING_FIELD: 1}  # fmt: skip
+        rejected = table(spark, lake, "quarantine").collect()
+        assert Counter(r.reason for r in rejected) == {
+            c.REASON_DUPLICATE: 3, c.REASON_INVALID_JSON: 2, c.REASON_MISSING_FIELD: 1
+        }  # fmt: skip
+        # From two Kafka partitions, yet each batch's rejects land in one file.
+        assert len({r.kafka_partition for r in rejected}) == 2
+        files = files_per_write(spark, lake, "quarantine")
+        assert files and files == [1] * len(files)
 
         features = window_states(spark, lake)
         by_device = {
@@ -114,7 +127,7 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
     assert {r.query_name for r in metrics.select("query_name").distinct().collect()} == {
         "ingest", "detection"
     }  # fmt: skip
-    assert metrics.where("query_name = 'ingest'").agg({"num_input_rows": "sum"}).first()[0] == 44
+    assert metrics.where("query_name = 'ingest'").agg({"num_input_rows": "sum"}).first()[0] == 45
 
 
 def test_files_source_feeds_the_same_pipeline(spark: Any, lake: str, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any, cast
 
 import numpy as np
@@ -32,7 +33,7 @@ from pyspark.sql import functions as F
 from infra import contract as c
 from pipeline import columns as col
 from pipeline.metrics import Laps
-from pipeline.sinks import driver_frame, idempotent_append, retry_on_conflict
+from pipeline.sinks import driver_frame, idempotent_append, retry_on_conflict, side_by_side
 
 log = logging.getLogger(__name__)
 
@@ -378,13 +379,15 @@ def write_alerts(
     written: WrittenAlerts,
     stale: pd.DataFrame | None = None,
     publish: Publish | None = None,
+    beside: Callable[[], None] | None = None,
 ) -> None:
     """Append the alerts the table does not hold yet (``WrittenAlerts.to_write``: ``raised`` on
     a changed window, or called for by the ``final`` state of a closing one); then, in one MERGE,
     the ``final`` values of alerts (their window closed, or the query stopped) where they differ
     from the table's, and the ``stale`` ones marked withdrawn (``WrittenAlerts.stale``). With
     ``publish``, every row these writes change, as the table will hold it, is published first
-    (``pipeline.publish``).
+    (``pipeline.publish``). ``beside``: a write to another table, run at the same time as the
+    MERGE (``side_by_side``), after the append.
 
     An alert is written when first raised and, if its values changed meanwhile, once more with
     its final values. A window's rule alert is decided again every time the window changes, and
@@ -419,7 +422,8 @@ def write_alerts(
                               rows=len(appended))  # fmt: skip
     laps("append")
     # Final values and withdrawals in one MERGE: both come when windows close.
-    merge_alerts(spark, _concat(merged, withdrawn), path)
+    side_by_side(partial(merge_alerts, spark, _concat(merged, withdrawn), path),
+                 *([beside] if beside is not None else []))  # fmt: skip
     laps("MERGE")
     log.debug("alerts written: %d appended, %d MERGEd, %d withdrawn; %s",
               len(appended), len(merged), len(withdrawn), laps)  # fmt: skip

@@ -240,10 +240,12 @@ def _read(spark: SparkSession, lake_root: str, name: str) -> DataFrame | None:
 class FeaturesBatchWriter:
     """``foreachBatch`` function of the detection query (update mode: the windows that changed).
 
-    Writes, in this order: the new alerts, and the final values of alerts whose window this
-    batch closes (``write_alerts``); the windows it closes, once, to ``features``; the windows
-    that changed to ``feature_changes``. The appends are keyed by the batch id, so a replay writes
-    nothing twice, and the last one marks the batch as done for ``load_state``.
+    Writes, in this order: the new alerts (``write_alerts``); then at the same time the final
+    values of alerts whose window this batch closes, and those windows, once, to ``features``;
+    last the windows that changed to ``feature_changes``. The appends are keyed by the batch id,
+    so a replay writes nothing twice, and the last one marks the batch as done for
+    ``load_state``: a batch cut short before it is done again whole, and closes its windows
+    again.
     """
 
     lake_root: str
@@ -315,19 +317,24 @@ class FeaturesBatchWriter:
         last_word = judge(closing, state.history, rules=self.rules, spec=self.spec)
         stale = self.written.stale(closing, last_word, RULE_TYPES)
         laps("detect")
+
+        def append_closed() -> None:
+            if len(closing):
+                closed = driver_frame(spark, closing[windows.columns], windows.schema)
+                idempotent_append(closed, path(lake.FEATURES), f"{self.app_id}-features",
+                                  batch_id, rows=len(closing), merge_schema=True)  # fmt: skip
+
+        # The closed windows' append beside the alerts' MERGE (another table; both come when
+        # windows close); the new alerts' append before both, as it is what an analyst waits for.
         write_alerts(spark, alerts, last_word, path=path(lake.ALERTS),
-                     app_id=f"{self.app_id}-alerts", batch_id=batch_id,
-                     written=self.written, stale=stale, publish=self.publish)  # fmt: skip
-        laps("alerts")
-        if len(closing):
-            closed = driver_frame(spark, closing[windows.columns], windows.schema)
-            idempotent_append(closed, path(lake.FEATURES), f"{self.app_id}-features", batch_id,
-                              rows=len(closing), merge_schema=True)  # fmt: skip
+                     app_id=f"{self.app_id}-alerts", batch_id=batch_id, written=self.written,
+                     stale=stale, publish=self.publish, beside=append_closed)  # fmt: skip
+        laps("alerts and closed windows")
         if len(received):
             idempotent_append(windows.withColumn(BATCH_ID, F.lit(batch_id).cast("long")),
                               path(lake.FEATURE_CHANGES), f"{self.app_id}-feature-changes",
                               batch_id, rows=len(received), merge_schema=True)  # fmt: skip
-        laps("appends")
+        laps("window changes")
         log.debug("detection batch %d: %d windows changed, %d closed, %d alerts; %s", batch_id,
                   len(changed), len(closing), len(alerts), laps)  # fmt: skip
         self.state = state

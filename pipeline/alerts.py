@@ -137,8 +137,8 @@ def merge_alerts(spark: SparkSession, rows: pd.DataFrame, path: str) -> None:
     starts = pd.to_datetime(rows[col.WINDOW_START])
     condition = (
         f"t.alert_id = s.alert_id AND t.`{col.WINDOW_START}` BETWEEN "
-        f"TIMESTAMP '{starts.min().strftime(_TIME_TEXT)}' AND "
-        f"TIMESTAMP '{starts.max().strftime(_TIME_TEXT)}'"
+        f"TIMESTAMP '{starts.min().floor('s').strftime(_TIME_TEXT)}' AND "
+        f"TIMESTAMP '{starts.max().ceil('s').strftime(_TIME_TEXT)}'"
     )
 
     def merge() -> None:

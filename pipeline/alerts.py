@@ -424,7 +424,7 @@ def write_alerts(
     # Final values and withdrawals in one MERGE: both come when windows close.
     side_by_side(partial(merge_alerts, spark, _concat(merged, withdrawn), path),
                  *([beside] if beside is not None else []))  # fmt: skip
-    laps("MERGE")
+    laps("MERGE and beside it")
     log.debug("alerts written: %d appended, %d MERGEd, %d withdrawn; %s",
               len(appended), len(merged), len(withdrawn), laps)  # fmt: skip
     for part in (appended, after, withdrawn):

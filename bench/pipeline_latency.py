@@ -327,8 +327,8 @@ def main() -> int:
         ).dt.total_seconds()
         steps = timeline(lake, pd.DataFrame({"ingested": ingested, "latency_s": ingest}),
                          memory, args.bucket)  # fmt: skip
-        alerts = alert_latency(lake, str(root / "cp"))
-        by_telemetry = alert_latency(lake)
+        alerts = alert_latency(lake)
+        by_telemetry = alert_latency(lake, by_batch=False)
         result = {
             "rate": args.rate, "seconds": args.seconds, "devices": args.devices,
             "master": args.master,
@@ -343,7 +343,7 @@ def main() -> int:
             "alert_latency_from_first_message_s": None
             if alerts is None or alerts.first_p50 is None or alerts.first_p95 is None
             else {"p50": round(alerts.first_p50, 2), "p95": round(alerts.first_p95, 2)},
-            # The estimate that needs no checkpoint: it takes the device's newest message
+            # The estimate that needs no batch offsets: it takes the device's newest message
             # telemetry held before the alert, which with detection ahead of ingest is often an
             # earlier one.
             "alert_latency_by_telemetry_s": None if by_telemetry is None else {

@@ -289,6 +289,10 @@ PIPELINE_METRICS_COLUMNS: Columns = (
     ("watermark", "timestamp"),
     ("state_rows", "long"),
     ("late_rows_dropped", "long"),
+    # Where the batch ended in each Kafka topic it reads, {topic: {partition: offset}} as JSON
+    # (null for a query without one): which messages a batch read, after the checkpoint's own
+    # record of it is purged (``spark.sql.streaming.minBatchesToRetain``).
+    ("kafka_end_offsets", "string"),
 )
 # What Spark reports as a query's watermark before it has one; ``watermark`` is null then.
 NO_WATERMARK = datetime(1970, 1, 1, tzinfo=timezone.utc)

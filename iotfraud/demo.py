@@ -140,30 +140,38 @@ def detection_summary(lake_root: str) -> str:
         return f"  (no evaluation: {exc})"
 
 
-def batch_end_offsets(checkpoint: Path) -> Any:
-    """The Kafka offsets each committed micro-batch of a query ended at, from its checkpoint:
-    columns batch_id, kafka_topic, kafka_partition, end."""
+def batch_offsets(lake_root: str, query: str = "detection") -> Any:
+    """The Kafka offsets each micro-batch of ``query`` read, from ``pipeline_metrics``: columns
+    batch_id, kafka_topic, kafka_partition, start, end (offsets ``start`` to ``end - 1``). A
+    batch's start is its previous batch's end, so a batch whose previous one has no row (its
+    metrics lost with a killed process) is left out; batch 0 starts at offset 0."""
     import pandas as pd
 
-    rows = []
-    folder = checkpoint / "offsets"
-    for file in folder.iterdir() if folder.is_dir() else []:
-        if not file.name.isdigit():
-            continue
-        for line in file.read_text().splitlines()[2:]:  # after the version and the metadata
-            try:
-                source = json.loads(line)
-            except ValueError:
-                continue
-            # A Kafka source's offsets are {topic: {partition: offset}}; a Delta source's not.
-            if (
-                isinstance(source, dict)
-                and source
-                and all(isinstance(parts, dict) for parts in source.values())
-            ):
-                for topic, parts in source.items():
-                    rows += [(int(file.name), topic, int(p), int(end)) for p, end in parts.items()]
-    return pd.DataFrame(rows, columns=["batch_id", "kafka_topic", "kafka_partition", "end"])
+    columns = ["batch_id", "kafka_topic", "kafka_partition", "start", "end"]
+    found = lake.open_table(lake_root, lake.PIPELINE_METRICS)
+    # A lake from before the column was added: no offsets known.
+    if found is None or "kafka_end_offsets" not in found.schema().to_arrow().names:
+        return pd.DataFrame(columns=columns)
+    rows = found.to_pyarrow_table(
+        columns=["query_name", "batch_id", "kafka_end_offsets"]
+    ).to_pylist()
+    ends = [
+        (row["batch_id"], topic, int(partition), int(offset))
+        for row in rows
+        if row["query_name"] == query and row["kafka_end_offsets"]
+        for topic, parts in json.loads(row["kafka_end_offsets"]).items()
+        for partition, offset in parts.items()
+    ]
+    frame = pd.DataFrame(ends, columns=["batch_id", "kafka_topic", "kafka_partition", "end"])
+    # A batch replayed after a crash reads the same offsets: one row per batch.
+    frame = frame.drop_duplicates(["batch_id", "kafka_topic", "kafka_partition"], keep="last")
+    frame = frame.sort_values("batch_id")
+    before = frame.groupby(["kafka_topic", "kafka_partition"])
+    frame["start"] = before["end"].shift(1)
+    known = before["batch_id"].shift(1) == frame["batch_id"] - 1
+    frame.loc[frame["batch_id"] == 0, "start"] = 0
+    frame = frame[known | (frame["batch_id"] == 0)]
+    return frame.astype({"start": "int64"})[columns].reset_index(drop=True)
 
 
 @dataclass(frozen=True)
@@ -172,7 +180,7 @@ class AlertLatency:
     ``alerts`` table (the commit that first held its row), p50 and p95. ``first_*``: from the
     device's first message in the micro-batch that raised the alert instead of its newest, so
     the wait of a message for the batch that reads it is in it (the alert's evidence is one of
-    the messages between the two); None without the detection checkpoint."""
+    the messages between the two); None without the batches' offsets."""
 
     p50: float
     p95: float
@@ -187,15 +195,15 @@ class AlertLatency:
         return text
 
 
-def alert_latency(lake_root: str, checkpoint_root: str | None = None) -> AlertLatency | None:
+def alert_latency(lake_root: str, by_batch: bool = True) -> AlertLatency | None:
     """From a device's message reaching Kafka to the alert on it being committed to the table.
 
-    With the pipeline's ``checkpoint_root``: the message is the device's newest one (and, for
-    ``AlertLatency.first_*``, its first) in the Kafka offsets of the detection micro-batch that
-    raised the alert (its ``batch_id``), read from the query's checkpoint; alerts raised by no
-    message of that batch (replays, counted from the ingest's duplicates; firmware tamper, from
-    another query) are left out. Without it: the device's newest message that ``telemetry``
-    holds from before the alert was raised (``detected_at``).
+    ``by_batch``: the message is the device's newest one (and, for ``AlertLatency.first_*``,
+    its first) in the Kafka offsets of the detection micro-batch that raised the alert (its
+    ``batch_id``), as ``pipeline_metrics`` recorded them (``batch_offsets``); alerts raised by
+    no message of that batch (replays, counted from the ingest's duplicates; firmware tamper,
+    from another query) are left out. Otherwise, or when no offsets were recorded: the device's
+    newest message that ``telemetry`` holds from before the alert was raised (``detected_at``).
     """
     import pandas as pd
 
@@ -218,13 +226,10 @@ def alert_latency(lake_root: str, checkpoint_root: str | None = None) -> AlertLa
                          (telemetry, ("ingest_time", "kafka_timestamp"))):  # fmt: skip
         for name in names:
             frame[name] = pd.to_datetime(frame[name], utc=True).dt.as_unit("ns")
-    ends = batch_end_offsets(Path(checkpoint_root) / "detection") if checkpoint_root else None
-    if ends is not None and not ends.empty:
-        ends = ends.sort_values("batch_id")
-        ends["start"] = ends.groupby(["kafka_topic", "kafka_partition"])["end"].shift(1)
-        ends["start"] = ends["start"].fillna(0).astype("int64")
+    batches = batch_offsets(lake_root) if by_batch else None
+    if batches is not None and not batches.empty:
         messages = pd.merge_asof(
-            telemetry.sort_values("kafka_offset"), ends.sort_values("start"),
+            telemetry.sort_values("kafka_offset"), batches.sort_values("start"),
             left_on="kafka_offset", right_on="start", by=["kafka_topic", "kafka_partition"],
             direction="backward",
         )  # fmt: skip
@@ -311,12 +316,11 @@ def alerts_topic_line(bootstrap_servers: str, topic: str, lake_root: str) -> str
 def summary(
     lake_root: str,
     produced: int | None = None,
-    checkpoint_root: str | None = None,
     published: str | None = None,
 ) -> str:
     """What the demo ends with: messages produced, row counts, alerts by type (and the alerts
     topic's line, ``published``), quality per scenario, latency."""
-    latency = alert_latency(lake_root, checkpoint_root)
+    latency = alert_latency(lake_root)
     latency_line = f"alert latency (Kafka -> alert committed): {latency or 'n/a (no alerts)'}"
     by_type = alerts_by_type(lake_root)
     statuses = Counter(r["status"] for r in table_rows(lake_root, lake.ALERTS, ["status"]))
@@ -583,5 +587,5 @@ def supervise(
     produced = messages_in_topic(bootstrap_servers, common.topic)
     published = (alerts_topic_line(bootstrap_servers, pipeline.alerts_topic, common.lake_root)
                  if pipeline.alerts_topic else None)  # fmt: skip
-    print("\n" + summary(common.lake_root, produced, pipeline.checkpoint_root, published))
+    print("\n" + summary(common.lake_root, produced, published))
     return 0

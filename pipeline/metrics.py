@@ -6,6 +6,7 @@ the buffer with one append, so monitoring never slows a micro-batch down.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -37,7 +38,30 @@ def progress_row(progress: dict[str, Any]) -> dict[str, Any]:
         "watermark": _watermark(watermark),
         "state_rows": sum(int(op.get("numRowsTotal") or 0) for op in operators),
         "late_rows_dropped": sum(int(op.get("numRowsDroppedByWatermark") or 0) for op in operators),
+        "kafka_end_offsets": kafka_end_offsets(progress.get("sources") or []),
     }
+
+
+def kafka_end_offsets(sources: list[dict[str, Any]]) -> str | None:
+    """The end offsets of a progress's Kafka sources as one JSON object, {topic: {partition:
+    offset}}; None without a Kafka source. A Kafka source's offsets are that shape (Spark gives
+    them parsed, or as JSON text); a Delta source's are not."""
+    ends: dict[str, dict[str, int]] = {}
+    for source in sources:
+        offsets = source.get("endOffset")
+        if isinstance(offsets, str):
+            try:
+                offsets = json.loads(offsets)
+            except ValueError:
+                continue
+        if (
+            isinstance(offsets, dict)
+            and offsets
+            and all(isinstance(parts, dict) for parts in offsets.values())
+        ):
+            for topic, parts in offsets.items():
+                ends.setdefault(topic, {}).update({str(p): int(o) for p, o in parts.items()})
+    return json.dumps(ends, sort_keys=True) if ends else None
 
 
 def _ts(text: str | None) -> datetime | None:
@@ -66,8 +90,6 @@ class MetricsListener(StreamingQueryListener):
         log.info("query %s started (id %s)", event.name, event.id)
 
     def onQueryProgress(self, event: Any) -> None:
-        import json
-
         progress = json.loads(event.progress.json)
         row = progress_row(progress)
         log.debug("%s batch %d took (ms): %s", row["query_name"], row["batch_id"],

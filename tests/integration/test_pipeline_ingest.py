@@ -128,6 +128,15 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
         "ingest", "detection"
     }  # fmt: skip
     assert metrics.where("query_name = 'ingest'").agg({"num_input_rows": "sum"}).first()[0] == 45
+    # Each batch's Kafka end offsets, as Spark reported them: the last batch of each query ended
+    # where the topic ends (the alert latency counts a batch's messages from these).
+    from iotfraud.demo import messages_in_topic
+
+    for query in ("ingest", "detection"):
+        last = metrics.where(f"query_name = '{query}'").orderBy("batch_id").collect()[-1]
+        ends = json.loads(last.kafka_end_offsets)
+        assert list(ends) == [topic] and len(ends[topic]) == 3
+        assert sum(ends[topic].values()) == messages_in_topic(bootstrap, topic)
 
 
 def test_files_source_feeds_the_same_pipeline(spark: Any, lake: str, tmp_path: Path) -> None:

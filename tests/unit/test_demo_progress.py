@@ -12,7 +12,7 @@ import pytest
 from deltalake import write_deltalake
 
 from infra import lake
-from iotfraud.demo import alert_latency, progress_line, row_count
+from iotfraud.demo import alert_latency, batch_offsets, progress_line, row_count
 
 
 def test_progress_counts_rows_of_every_commit_and_alerts_by_type(tmp_path: Path) -> None:
@@ -68,14 +68,13 @@ def test_alert_latency_counts_from_the_messages_in_the_batch_that_raised_the_ale
     # commit (the Delta write below) now: the latency runs to the commit, not to detected_at.
     root = str(tmp_path / "lake")
     t0 = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(seconds=60)
-    offsets = tmp_path / "cp" / "detection" / "offsets"
-    offsets.mkdir(parents=True)
-    # Batch 0 read offsets 0-9 of partition 0, batch 1 offsets 10-19; a Delta source beside.
-    for batch, end in ((0, 10), (1, 20)):
-        (offsets / str(batch)).write_text(
-            'v1\n{"batchWatermarkMs":0}\n'
-            f'{{"iot.telemetry":{{"0":{end}}}}}\n{{"sourceVersion":1,"reservoirVersion":3}}\n'
-        )
+    # Batch 0 read offsets 0-9 of partition 0, batch 1 offsets 10-19 (as pipeline_metrics holds
+    # them; another query's batch 1 beside, which read more).
+    metrics = [{"query_name": q, "batch_id": b,
+                "kafka_end_offsets": f'{{"iot.telemetry": {{"0": {e}}}}}'}
+               for q, b, e in (("detection", 0, 10), ("detection", 1, 20),
+                               ("ingest", 1, 30))]  # fmt: skip
+    write_deltalake(lake.table_path(root, lake.PIPELINE_METRICS), pa.Table.from_pylist(metrics))
     rows = [{"device_id": "d1", "kafka_topic": "iot.telemetry", "kafka_partition": 0,
              "kafka_offset": o, "kafka_timestamp": t0 + timedelta(seconds=o),
              "ingest_time": t0 + timedelta(seconds=o + 30)} for o in (3, 12, 15)]  # fmt: skip
@@ -86,18 +85,18 @@ def test_alert_latency_counts_from_the_messages_in_the_batch_that_raised_the_ale
     write_deltalake(path, pa.Table.from_pylist([alert]))
     committed = DeltaTable(path).history()[0]["timestamp"] / 1000 - t0.timestamp()
     # Batch 1 holds the device's messages at offsets 12 and 15: from the newest, and the first.
-    latency = alert_latency(root, str(tmp_path / "cp"))
+    latency = alert_latency(root)
     assert latency is not None and committed > 59
     assert (latency.p50, latency.p95) == pytest.approx((committed - 15, committed - 15))
     assert (latency.first_p50, latency.first_p95) == pytest.approx((committed - 12, committed - 12))
-    # Without the checkpoint, the device's newest message telemetry held when the alert was
-    # raised: ingest wrote all three 30 s late, after detected_at, so nothing to measure from.
-    assert alert_latency(root) is None
+    # Not by batch: the device's newest message telemetry held when the alert was raised:
+    # ingest wrote all three 30 s late, after detected_at, so nothing to measure from.
+    assert alert_latency(root, by_batch=False) is None
     # Raised later, at 00:44: telemetry then held the messages at 3 and 12 (ingested at 00:33 and
     # 00:42); the newest, 12, counts.
     later = {**alert, "detected_at": t0 + timedelta(seconds=44)}
     write_deltalake(path, pa.Table.from_pylist([later]), mode="overwrite")
-    by_telemetry = alert_latency(root)
+    by_telemetry = alert_latency(root, by_batch=False)
     assert by_telemetry is not None and by_telemetry.first_p50 is None
     # The overwrite commits "x" again; its first commit counts.
     assert by_telemetry.p50 == pytest.approx(committed - 12)
@@ -156,3 +155,26 @@ def test_the_demo_waits_for_the_pipeline_and_says_why_it_stops(
             slow.stop(timeout_s=5)
     finally:
         children.stop(timeout_s=5)
+
+
+def test_a_batch_read_from_its_previous_batchs_end_and_one_without_a_previous_is_left_out(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint keeps the last 20 batches' offsets; the first of those read from its
+    predecessor's end, not from offset 0 (which made a batch span the whole topic and the demo
+    print a wait of 132 s from the first message)."""
+    root = str(tmp_path)
+    ends = {0: (5, 7), 1: (9, 8), 2: (12, 8), 4: (20, 10), 5: (25, 11)}  # batch 3's row lost
+    metrics = [{"query_name": "detection", "batch_id": b,
+                "kafka_end_offsets": f'{{"t": {{"0": {p0}, "1": {p1}}}}}'}
+               for b, (p0, p1) in ends.items()]  # fmt: skip
+    metrics.append(dict(metrics[2]))  # batch 2 replayed after a crash: the same offsets again
+    metrics.append({"query_name": "fast_log", "batch_id": 3, "kafka_end_offsets": None})
+    write_deltalake(lake.table_path(root, lake.PIPELINE_METRICS), pa.Table.from_pylist(metrics))
+    got = batch_offsets(root).sort_values(["batch_id", "kafka_partition"])
+    assert got.values.tolist() == [
+        [0, "t", 0, 0, 5], [0, "t", 1, 0, 7],
+        [1, "t", 0, 5, 9], [1, "t", 1, 7, 8],
+        [2, "t", 0, 9, 12], [2, "t", 1, 8, 8],
+        [5, "t", 0, 20, 25], [5, "t", 1, 10, 11],
+    ]  # fmt: skip

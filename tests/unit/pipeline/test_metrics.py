@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
 from pipeline.metrics import progress_row
@@ -16,3 +17,18 @@ def test_no_watermark_yet_is_missing_not_the_epoch() -> None:
     after = progress_row({**PROGRESS, "eventTime": {"watermark": "2026-11-25T07:58:00.000Z"}})
     assert after["watermark"] == datetime(2026, 11, 25, 7, 58, tzinfo=timezone.utc)
     assert progress_row(PROGRESS)["watermark"] is None
+
+
+def test_a_batchs_kafka_end_offsets_are_kept_and_other_sources_are_not() -> None:
+    kafka = {"description": "KafkaV2[Subscribe[iot.telemetry]]",
+             "endOffset": {"iot.telemetry": {"0": 12, "1": 7}}}  # fmt: skip
+    delta = {"description": "DeltaSource[quarantine]",
+             "endOffset": {"sourceVersion": 1, "reservoirVersion": 3, "index": -1}}  # fmt: skip
+    as_text = {"description": "KafkaV2[Subscribe[iot.firmware]]",
+               "endOffset": '{"iot.firmware": {"0": 4}}'}  # fmt: skip
+    row = progress_row({**PROGRESS, "sources": [kafka, delta, as_text]})
+    assert json.loads(row["kafka_end_offsets"]) == {
+        "iot.telemetry": {"0": 12, "1": 7}, "iot.firmware": {"0": 4}
+    }  # fmt: skip
+    assert progress_row({**PROGRESS, "sources": [delta]})["kafka_end_offsets"] is None
+    assert progress_row(PROGRESS)["kafka_end_offsets"] is None

@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from infra import contract as c
 from pipeline import columns as col
 from pipeline.metrics import Laps
-from pipeline.sinks import driver_frame, idempotent_append, retry_on_conflict, side_by_side
+from pipeline.sinks import driver_frame, retry_on_conflict, side_by_side
 
 log = logging.getLogger(__name__)
 
@@ -374,7 +374,6 @@ def write_alerts(
     final: pd.DataFrame,
     *,
     path: str,
-    app_id: str,
     batch_id: int,
     written: WrittenAlerts,
     stale: pd.DataFrame | None = None,
@@ -396,9 +395,14 @@ def write_alerts(
     the alert was raised with.
 
     Exactly once: ``written`` holds every alert the table has for the open windows (loaded at
-    start), so a replayed batch finds its new alerts written and its final values too; the
-    append also carries the batch id as its Delta transaction version. A new alert the table may
-    hold all the same (``WrittenAlerts.unknown_until``) goes through the MERGE.
+    start), so a replayed batch finds its new alerts written and its final values too. A new
+    alert the table may hold all the same goes through the MERGE, which inserts only what the
+    table lacks: one of a window older than the loaded ones (``WrittenAlerts.unknown_until``),
+    and every new alert of the first batch after a start (``WrittenAlerts.after_start``), the
+    only batch that can be a replay, as a query runs each later batch once. So the append is a
+    plain one: a Delta transaction id would cost a job over the table's state before each
+    append (delta-spark 4.4.0 reads the id's last version from the reconstructed state), between
+    the detection and the alert.
     """
     new, changed = written.to_write(raised, final)
     rows = as_written(new, batch_id, batch_time())
@@ -418,8 +422,7 @@ def write_alerts(
     laps("publish")
     if len(appended):
         with _WRITING:  # the wait for the other writers of alerts shows in "append"
-            idempotent_append(to_spark(spark, appended), path, app_id, batch_id,
-                              rows=len(appended))  # fmt: skip
+            to_spark(spark, appended).write.format("delta").mode("append").save(path)
     laps("append")
     # Final values and withdrawals in one MERGE: both come when windows close.
     side_by_side(partial(merge_alerts, spark, _concat(merged, withdrawn), path),

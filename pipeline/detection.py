@@ -326,9 +326,9 @@ class FeaturesBatchWriter:
 
         # The closed windows' append beside the alerts' MERGE (another table; both come when
         # windows close); the new alerts' append before both, as it is what an analyst waits for.
-        write_alerts(spark, alerts, last_word, path=path(lake.ALERTS),
-                     app_id=f"{self.app_id}-alerts", batch_id=batch_id, written=self.written,
-                     stale=stale, publish=self.publish, beside=append_closed)  # fmt: skip
+        write_alerts(spark, alerts, last_word, path=path(lake.ALERTS), batch_id=batch_id,
+                     written=self.written, stale=stale, publish=self.publish,
+                     beside=append_closed)  # fmt: skip
         laps("alerts and closed windows")
         if len(received):
             idempotent_append(windows.withColumn(BATCH_ID, F.lit(batch_id).cast("long")),
@@ -362,7 +362,7 @@ class FeaturesBatchWriter:
         # Values only: an alert the open windows call for now is raised by the next batch.
         current = current[current["alert_id"].isin(self.written.rows.keys())]
         write_alerts(spark, empty_alerts(), current, path=lake.table_path(self.lake_root,
-                     lake.ALERTS), app_id=f"{self.app_id}-alerts",
+                     lake.ALERTS),
                      batch_id=-1,  # unused: updates keep the batch id of the insert
                      written=self.written, publish=self.publish)  # fmt: skip
 

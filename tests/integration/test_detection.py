@@ -132,6 +132,38 @@ def test_replayed_batch_changes_no_alert(spark: Any, lake: str, tmp_path: Path) 
     assert {a.alert_type for a in after} == {"rogue_device"}  # unregistered: firmware unknown
 
 
+def test_a_batch_replayed_after_a_crash_between_its_writes_adds_no_alert_twice(
+    spark: Any, lake: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new alerts' append carries no Delta transaction id: after a start, the loaded alerts
+    and the first batch's MERGE are what keep a replay from adding an alert twice."""
+    from collections import Counter
+
+    from pipeline import detection
+
+    none = ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent")
+    running = FeaturesBatchWriter(lake, none)
+    running(rogue_device_windows(spark, lake, (0, 1)), 6)
+    later = rogue_device_windows(spark, lake, (1, 2))
+
+    def killed(*_args: Any, **_kwargs: Any) -> None:
+        raise RuntimeError("killed after the alerts' append")
+
+    # Batch 7 appends its new alerts, then dies before the windows' writes mark it done.
+    monkeypatch.setattr(detection, "idempotent_append", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        running(later, 7)
+    monkeypatch.undo()
+    path = lake_table(lake, "alerts")
+    before = Counter(r.alert_id for r in spark.read.format("delta").load(path).collect())
+    # A restart: a new writer loads what the tables hold and Spark runs batch 7 again.
+    FeaturesBatchWriter(lake, none)(later, 7)
+
+    after = Counter(r.alert_id for r in spark.read.format("delta").load(path).collect())
+    assert len(before) > 6 and set(before.values()) == {1}
+    assert after == before
+
+
 def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_stops(
     spark: Any, lake: str, tmp_path: Path
 ) -> None:

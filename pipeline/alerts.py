@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from infra import contract as c
 from pipeline import columns as col
 from pipeline.metrics import Laps
-from pipeline.sinks import driver_frame, retry_on_conflict, side_by_side
+from pipeline.sinks import append, driver_frame, retry_on_conflict, side_by_side
 
 log = logging.getLogger(__name__)
 
@@ -422,7 +422,7 @@ def write_alerts(
     laps("publish")
     if len(appended):
         with _WRITING:  # the wait for the other writers of alerts shows in "append"
-            to_spark(spark, appended).write.format("delta").mode("append").save(path)
+            append(to_spark(spark, appended), path, rows=len(appended))
     laps("append")
     # Final values and withdrawals in one MERGE: both come when windows close.
     side_by_side(partial(merge_alerts, spark, _concat(merged, withdrawn), path),

@@ -47,7 +47,7 @@ from pipeline.profiles import (
 )
 from pipeline.rules import RULE_TYPES, RuleThresholds, rule_alerts
 from pipeline.scoring import LoadedModel, ModelScorer, model_alerts
-from pipeline.sinks import checkpoint_id, driver_frame, idempotent_append
+from pipeline.sinks import append, checkpoint_id, driver_frame, idempotent_append
 
 log = logging.getLogger(__name__)
 
@@ -242,10 +242,11 @@ class FeaturesBatchWriter:
 
     Writes, in this order: the new alerts (``write_alerts``); then at the same time the final
     values of alerts whose window this batch closes, and those windows, once, to ``features``;
-    last the windows that changed to ``feature_changes``. The appends are keyed by the batch id,
-    so a replay writes nothing twice, and the last one marks the batch as done for
-    ``load_state``: a batch cut short before it is done again whole, and closes its windows
-    again.
+    last the windows that changed to ``feature_changes``. The ``features`` append is keyed by
+    the batch id, so a replay writes nothing twice there; a replay's ``feature_changes`` rows,
+    if its first attempt had written them, repeat them, and the readers keep one row per window
+    and batch. That last append marks the batch as done for ``load_state``: a batch cut short
+    before it is done again whole, and closes its windows again.
     """
 
     lake_root: str
@@ -330,10 +331,15 @@ class FeaturesBatchWriter:
                      written=self.written, stale=stale, publish=self.publish,
                      beside=append_closed)  # fmt: skip
         laps("alerts and closed windows")
+        # No transaction id (``append``): a replay's rows are the same as the first attempt's,
+        # batch id included, and every reader takes one row per window (the latest batch's).
         if len(received):
-            idempotent_append(windows.withColumn(BATCH_ID, F.lit(batch_id).cast("long")),
-                              path(lake.FEATURE_CHANGES), f"{self.app_id}-feature-changes",
-                              batch_id, rows=len(received), merge_schema=True)  # fmt: skip
+            append(
+                windows.withColumn(BATCH_ID, F.lit(batch_id).cast("long")),
+                path(lake.FEATURE_CHANGES),
+                rows=len(received),
+                merge_schema=True,
+            )
         laps("window changes")
         log.debug("detection batch %d: %d windows changed, %d closed, %d alerts; %s", batch_id,
                   len(changed), len(closing), len(alerts), laps)  # fmt: skip

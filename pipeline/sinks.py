@@ -76,16 +76,29 @@ def idempotent_append(
     out whether ``df`` is empty.
     ``merge_schema`` adds columns ``df`` has that the table lacks (features added by an upgrade).
     """
+    append(df, path, rows=rows, merge_schema=merge_schema, txn=(app_id, version))
+
+
+def append(
+    df: DataFrame,
+    path: str,
+    *,
+    rows: int | None = None,
+    merge_schema: bool = False,
+    txn: tuple[str, int] | None = None,
+) -> None:
+    """Append ``df`` (nothing when empty, as ``idempotent_append``), with the Delta transaction
+    id ``txn`` when given. Without it, a replayed batch appends again: only for a table whose
+    writer or readers make that harmless. The id has a price: delta-spark 4.4.0 finds its last
+    version with a job over the table's state before every append that carries one."""
     if rows == 0 or (rows is None and df.isEmpty()):
         return
-    (
-        df.write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", version)
-        .option("mergeSchema", str(merge_schema).lower())
-        .save(path)
+    writer = (
+        df.write.format("delta").mode("append").option("mergeSchema", str(merge_schema).lower())
     )
+    if txn is not None:
+        writer = writer.option("txnAppId", txn[0]).option("txnVersion", txn[1])
+    writer.save(path)
 
 
 def checkpoint_id(spark: SparkSession, checkpoint: str) -> str:

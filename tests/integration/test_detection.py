@@ -164,6 +164,34 @@ def test_a_batch_replayed_after_a_crash_between_its_writes_adds_no_alert_twice(
     assert after == before
 
 
+def test_a_batch_replayed_after_all_its_writes_changes_no_window_and_no_alert(
+    spark: Any, lake: str, tmp_path: Path
+) -> None:
+    """``feature_changes`` carries no Delta transaction id: a batch replayed after its writes
+    committed (killed before Spark recorded it done) appends its window rows again, the same
+    rows, and every reader still sees one state per window."""
+    from pipeline.detection import window_states
+
+    none = ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent")
+    running = FeaturesBatchWriter(lake, none)
+    running(rogue_device_windows(spark, lake, (0, 1)), 6)
+    later = rogue_device_windows(spark, lake, (1, 2))
+    running(later, 7)
+
+    def read(name: str) -> list[Any]:
+        return sorted(spark.read.format("delta").load(lake_table(lake, name)).collect())
+
+    alerts, windows = read("alerts"), sorted(window_states(spark, lake).collect())
+    changes = read("feature_changes")
+    FeaturesBatchWriter(lake, none)(later, 7)  # a restart, and batch 7 again
+
+    assert read("alerts") == alerts
+    assert sorted(window_states(spark, lake).collect()) == windows
+    again = read("feature_changes")
+    assert len(again) == len(changes) + later.count()  # batch 7's rows twice, the same rows
+    assert {r for r in again if r.batch_id == 7} == {r for r in changes if r.batch_id == 7}
+
+
 def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_stops(
     spark: Any, lake: str, tmp_path: Path
 ) -> None:

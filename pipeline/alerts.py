@@ -243,7 +243,8 @@ class WrittenAlerts:
     unknown_until: pd.Timestamp | None = None
     # The first batch after a start may be the replay of one whose writes partly committed, and
     # may decide otherwise (the registry unreachable, say): its new alerts go through the MERGE,
-    # which inserts what the table lacks, where an append keyed by the batch id would be skipped.
+    # which inserts only what the table lacks. Only that batch can be a replay, so later ones
+    # append with no Delta transaction id (``write_alerts``).
     after_start: bool = False
 
     def split(self, alerts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

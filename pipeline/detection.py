@@ -244,9 +244,9 @@ class FeaturesBatchWriter:
     values of alerts whose window this batch closes, and those windows, once, to ``features``;
     last the windows that changed to ``feature_changes``. The ``features`` append is keyed by
     the batch id, so a replay writes nothing twice there; a replay's ``feature_changes`` rows,
-    if its first attempt had written them, repeat them, and the readers keep one row per window
-    and batch. That last append marks the batch as done for ``load_state``: a batch cut short
-    before it is done again whole, and closes its windows again.
+    if its first attempt had written them, repeat them, and every reader keeps one row per
+    window (the latest batch's). That last append marks the batch as done for ``load_state``: a
+    batch cut short before it is done again whole, and closes its windows again.
     """
 
     lake_root: str

@@ -201,9 +201,10 @@ def alert_latency(lake_root: str, by_batch: bool = True) -> AlertLatency | None:
     ``by_batch``: the message is the device's newest one (and, for ``AlertLatency.first_*``,
     its first) in the Kafka offsets of the detection micro-batch that raised the alert (its
     ``batch_id``), as ``pipeline_metrics`` recorded them (``batch_offsets``); alerts raised by
-    no message of that batch (replays, counted from the ingest's duplicates; firmware tamper,
-    from another query) are left out. Otherwise, or when no offsets were recorded: the device's
-    newest message that ``telemetry`` holds from before the alert was raised (``detected_at``).
+    no message of that batch (replays, counted from the ingest's duplicates) and the alerts of
+    other queries (firmware tamper, silences: their batch ids are not detection's) are left
+    out. Otherwise, or when no offsets were recorded: the device's newest message that
+    ``telemetry`` holds from before the alert was raised (``detected_at``).
     """
     import pandas as pd
 
@@ -237,9 +238,9 @@ def alert_latency(lake_root: str, by_batch: bool = True) -> AlertLatency | None:
         sent = messages.groupby(["device_id", "batch_id"], as_index=False).agg(
             kafka_timestamp=("kafka_timestamp", "max"), first_timestamp=("kafka_timestamp", "min")
         )
-        matched = alerts[alerts["alert_type"] != "firmware_tamper"].merge(
-            sent, on=["device_id", "batch_id"]
-        )
+        # A batch id names a detection batch only on the detection query's alerts.
+        other_queries = alerts["alert_type"].isin(["firmware_tamper", *c.SILENCE_ALERT_TYPES])
+        matched = alerts[~other_queries].merge(sent, on=["device_id", "batch_id"])
     else:
         matched = pd.merge_asof(
             alerts.sort_values("detected_at"), telemetry.sort_values("ingest_time"),

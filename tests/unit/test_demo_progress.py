@@ -102,6 +102,38 @@ def test_alert_latency_counts_from_the_messages_in_the_batch_that_raised_the_ale
     assert by_telemetry.p50 == pytest.approx(committed - 12)
 
 
+@pytest.mark.parametrize("other", ["late_burst", "device_silent", "firmware_tamper"])
+def test_alert_latency_leaves_out_alerts_whose_batch_id_is_another_querys(
+    tmp_path: Path, other: str
+) -> None:
+    # The silence and firmware queries number their own batches: their batch 1 is not
+    # detection's batch 1, though the device sent in that one (offset 12).
+    root = str(tmp_path / "lake")
+    t0 = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(seconds=60)
+    metrics = [{"query_name": "detection", "batch_id": b,
+                "kafka_end_offsets": f'{{"iot.telemetry": {{"0": {e}}}}}'}
+               for b, e in ((0, 10), (1, 20))]  # fmt: skip
+    write_deltalake(lake.table_path(root, lake.PIPELINE_METRICS), pa.Table.from_pylist(metrics))
+    rows = [{"device_id": d, "kafka_topic": "iot.telemetry", "kafka_partition": 0,
+             "kafka_offset": o, "kafka_timestamp": t0 + timedelta(seconds=o),
+             "ingest_time": t0 + timedelta(seconds=o + 1)}
+            for d, o in (("d1", 12), ("d2", 15))]  # fmt: skip
+    write_deltalake(lake.table_path(root, lake.TELEMETRY), pa.Table.from_pylist(rows))
+    alerts = [{"alert_id": i, "device_id": d, "detected_at": t0 + timedelta(seconds=16),
+               "batch_id": 1, "alert_type": kind}
+              for i, d, kind in (("x", "d2", "flood"), ("y", "d1", other))]  # fmt: skip
+    write_deltalake(lake.table_path(root, lake.ALERTS), pa.Table.from_pylist(alerts))
+
+    latency = alert_latency(root)
+
+    # Only the flood alert is measured: from d2's message at offset 15.
+    assert latency is not None
+    assert latency.p50 == pytest.approx(latency.p95)
+    assert latency.first_p50 == pytest.approx(latency.p50)
+    committed = lake.first_commit_times(root, lake.ALERTS, "alert_id")["x"]
+    assert latency.p50 == pytest.approx(committed.timestamp() - (t0.timestamp() + 15))
+
+
 def test_the_demo_reads_for_silences_at_the_simulated_clocks_pace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +20,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# The fair scheduler's pools (the file says what each is for). Queries share the task slots of
+# one session; a query started in ALERTS_POOL (``scheduler_pool``) gets them first.
+SCHEDULER_POOLS = Path(__file__).with_name("scheduler_pools.xml")
+ALERTS_POOL = "alerts"
 
 
 def default_shuffle_partitions() -> int:
@@ -50,6 +56,8 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         # The firmware join's update stream is quiet most of the time: with the default (min)
         # policy its stale watermark would hold back the telemetry's, and with it every alert.
         "spark.sql.streaming.multipleWatermarkPolicy": "max",
+        "spark.scheduler.mode": "FAIR",
+        "spark.scheduler.allocation.file": SCHEDULER_POOLS.as_uri(),
     }
     if settings.master.startswith("local"):
         conf["spark.driver.memory"] = settings.driver_memory
@@ -101,3 +109,16 @@ def build_spark_session(
         app_name, settings.master, spark.conf.get("spark.sql.shuffle.partitions"),
     )  # fmt: skip
     return spark
+
+
+@contextmanager
+def scheduler_pool(spark: SparkSession, pool: str) -> Iterator[None]:
+    """Start queries in the fair scheduler's ``pool`` (SCHEDULER_POOLS) inside this block: a
+    query keeps the pool of the thread that started it, for its batches and its foreachBatch."""
+    context = spark.sparkContext
+    before = context.getLocalProperty("spark.scheduler.pool")
+    context.setLocalProperty("spark.scheduler.pool", pool)
+    try:
+        yield
+    finally:
+        context.setLocalProperty("spark.scheduler.pool", before)  # type: ignore[arg-type]

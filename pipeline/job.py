@@ -45,6 +45,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from infra import lake
 from infra.errors import ConfigError
+from infra.spark import ALERTS_POOL, scheduler_pool
 from pipeline.detection import FeaturesBatchWriter
 from pipeline.fastpath import fast_alerts, fast_log_rows, fast_messages
 from pipeline.features import feature_events, features_from_events, quarantine_feature_events
@@ -242,7 +243,10 @@ class Pipeline:
         )
         self.detection = writer
         writer.load(self.spark, features.columns)
-        return self._start(features, DETECTION, writer, output_mode="update")
+        # Its tasks before the other queries': alerts are due within seconds, a telemetry row or
+        # a silence may come a little later.
+        with scheduler_pool(self.spark, ALERTS_POOL):
+            return self._start(features, DETECTION, writer, output_mode="update")
 
     @property
     def checks_firmware(self) -> bool:

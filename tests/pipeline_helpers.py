@@ -137,3 +137,21 @@ def table_alerts(lake_root: str) -> dict[str, dict[str, Any]]:
         return cell
 
     return {r["alert_id"]: {k: value(v) for k, v in r.items()} for r in rows}
+
+
+def query_stage_pools(spark: Any, query: Any) -> dict[str, int]:
+    """The fair scheduler pools the stages of ``query`` (a running or stopped StreamingQuery of
+    ``spark``) ran in, with how many stages each: from Spark's status store, which keeps the
+    pool of every stage (what the UI's Stages page shows) whether or not the UI is on."""
+    context = spark.sparkContext
+    store = context._jsc.sc().statusStore()
+    stages = store.stageList(None, False, False, context._gateway.new_array(context._jvm.double, 0),
+                             None)  # fmt: skip
+    # A streaming query's jobs, foreachBatch's included, are described with its run id.
+    run = f"runId = {query.runId}"
+    pools: dict[str, int] = {}
+    for i in range(stages.size()):
+        stage, description = stages.apply(i), stages.apply(i).description()
+        if description.isDefined() and run in description.get():
+            pools[stage.schedulingPool()] = pools.get(stage.schedulingPool(), 0) + 1
+    return pools

@@ -14,10 +14,17 @@ import pytest
 
 from infra import contract as c
 from infra import lake
+from infra.spark import ALERTS_POOL
 from pipeline import job
 from pipeline.detection import window_states
 from pipeline.settings import PipelineSettings
-from tests.pipeline_helpers import device_series, encoded, produce, write_registry
+from tests.pipeline_helpers import (
+    device_series,
+    encoded,
+    produce,
+    query_stage_pools,
+    write_registry,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -122,6 +129,12 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
         assert all(r.registered for r in registered_now.collect())
     finally:
         pipeline.stop()
+
+    # Detection's jobs (its aggregation and its writes) ran first in line for the task slots,
+    # the ingest's behind them.
+    pools = {q.name: query_stage_pools(spark, q) for q in pipeline.queries}
+    assert set(pools[job.DETECTION]) == {ALERTS_POOL} and pools[job.DETECTION][ALERTS_POOL] > 5
+    assert set(pools[job.INGEST]) == {"default"} and pools[job.INGEST]["default"] > 5
 
     metrics = table(spark, lake, "pipeline_metrics")
     assert {r.query_name for r in metrics.select("query_name").distinct().collect()} == {

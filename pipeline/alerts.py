@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -31,6 +32,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from infra import contract as c
+from infra.spark import ALERTS_POOL, scheduler_pool
 from pipeline import columns as col
 from pipeline.metrics import Laps
 from pipeline.sinks import append, driver_frame, retry_on_conflict, side_by_side
@@ -54,6 +56,15 @@ _TIME_TEXT = "%Y-%m-%d %H:%M:%S"
 # whole. Taking turns costs a wait instead, and leaves the log's ERROR lines for real failures.
 # Writers in other processes (``iotfraud maintain``) still meet ``retry_on_conflict``.
 _WRITING = threading.Lock()
+
+
+@contextmanager
+def _turn(spark: SparkSession) -> Iterator[None]:
+    """A turn at writing ``alerts`` (``_WRITING``), its jobs in the scheduler's alerts pool
+    whichever query takes it: detection's new alerts wait for the turn, so a firmware or
+    silence MERGE holding it must not queue behind the tasks of the pool its query runs in."""
+    with _WRITING, scheduler_pool(spark, ALERTS_POOL):
+        yield
 
 
 def alert_id_of(device_id: str, alert_type: str, window_start: datetime) -> str:
@@ -144,7 +155,7 @@ def merge_alerts(spark: SparkSession, rows: pd.DataFrame, path: str) -> None:
     def merge() -> None:
         update: dict[str, str | Column] = {f: f"s.`{f}`" for f in _UPDATABLE}
         status: dict[str, str | Column] = {"status": "s.status"}
-        with _WRITING:
+        with _turn(spark):
             (
                 DeltaTable.forPath(spark, path)
                 .alias("t")
@@ -422,7 +433,7 @@ def write_alerts(
         publish(_concat(appended, after[merge_changes.to_numpy()], withdrawn))
     laps("publish")
     if len(appended):
-        with _WRITING:  # the wait for the other writers of alerts shows in "append"
+        with _turn(spark):  # the wait for the other writers of alerts shows in "append"
             append(to_spark(spark, appended), path, rows=len(appended))
     laps("append")
     # Final values and withdrawals in one MERGE: both come when windows close.

@@ -747,6 +747,30 @@ def watermark_lag(metrics: pl.DataFrame) -> float | None:
     return None if latest.null_count() == latest.len() else float(latest.max())  # type: ignore[arg-type]
 
 
+# The health page's "Latest batch per query": what an engineer reads there, in that order. The
+# run id and the Kafka offsets (a JSON object per topic) are for tools, and too wide to read.
+LATEST_BATCH_COLUMNS = {
+    "query_name": "query",
+    "batch_id": "batch",
+    "timestamp": "started",
+    "batch_duration_ms": "duration_ms",
+    "num_input_rows": "input_rows",
+    "input_rows_per_second": "input_rows_per_s",
+    "watermark_lag_s": "watermark_lag_s",
+    "state_rows": "state_rows",
+    "late_rows_dropped": "late_rows_dropped",
+}
+
+
+def latest_batches(metrics: pl.DataFrame) -> pl.DataFrame:
+    """Each query's latest batch (``read_pipeline_metrics`` rows), in ``LATEST_BATCH_COLUMNS``,
+    by query name."""
+    latest = metrics.sort("timestamp").group_by("query_name", maintain_order=True).last()
+    return latest.sort("query_name").select(
+        pl.col(name).alias(shown) for name, shown in LATEST_BATCH_COLUMNS.items()
+    )
+
+
 def quarantine_by_reason(
     lake_root: str, since: datetime | None = None, until: datetime | None = None
 ) -> pl.DataFrame:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import pandas as pd
@@ -57,11 +57,18 @@ BATCH_ID = "batch_id"  # feature_changes: the detection batch that wrote the row
 
 @dataclass
 class WindowState:
-    """Open windows (latest state) and closed history, as of the last committed batch."""
+    """Open windows (latest state) and closed history, as of the last committed batch.
+
+    ``profiles`` keeps the profiles (``pipeline.profiles.profiles``) computed for open windows,
+    keyed like ``open``: a window's profile reads only its device's history, which changes
+    only when one of the device's windows closes. Most of a batch's changed windows were
+    changed by the batch before, so most profiles are found here (``profiled``).
+    """
 
     open: pd.DataFrame
     history: pd.DataFrame
     max_event_time: pd.Timestamp | None
+    profiles: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @classmethod
     def empty(cls) -> WindowState:
@@ -108,7 +115,7 @@ def advance(
         pd.concat([state.open[~state.open.index.isin(_keyed(changed).index)], changed])
     )  # fmt: skip
     if max_event_time is None:
-        return WindowState(merged, state.history, None), merged.iloc[0:0]
+        return WindowState(merged, state.history, None, state.profiles), merged.iloc[0:0]
     closes = merged[col.WINDOW_END] <= max_event_time - pd.Timedelta(seconds=watermark_s)
     closing = merged[closes]
     added = history_rows(closing, min_events)
@@ -119,16 +126,49 @@ def advance(
         oldest = merged[col.WINDOW_START].min()
         horizon = oldest - pd.Timedelta(seconds=spec.span_s + spec.window_s)
         history = history[history[col.WINDOW_START] >= horizon].reset_index(drop=True)
-    return WindowState(merged[~closes], history, max_event_time), closing.reset_index(drop=True)
+    still = merged[~closes]
+    cached = state.profiles
+    if len(cached):
+        # Devices with new history rows have new profiles; closed windows need none.
+        moved = cached.index.get_level_values(0).isin(added["device_id"])
+        cached = cached[~moved & cached.index.isin(still.index)]
+    return WindowState(still, history, max_event_time, cached), closing.reset_index(drop=True)
 
 
-def rows_to_score(closing: pd.DataFrame, history: pd.DataFrame, spec: ProfileSpec) -> pd.DataFrame:
+def profiled(
+    state: WindowState, windows: pd.DataFrame, spec: ProfileSpec
+) -> tuple[pd.DataFrame, WindowState]:
+    """The profiles of ``windows`` against ``state.history`` (indexed like ``windows``), taken
+    from ``state.profiles`` where there and computed for the rest; and the state keeping those
+    of its open windows for the next batch."""
+    if windows.empty:
+        return profiles(windows, state.history, spec), state
+    keys = pd.MultiIndex.from_frame(windows[FEATURE_KEYS])
+    cached = state.profiles
+    known = keys.isin(cached.index) if len(cached) else pd.Series(False, index=windows.index)
+    new = windows[~known]
+    fresh = profiles(new.reset_index(drop=True), state.history, spec)
+    fresh.index = pd.MultiIndex.from_frame(new[FEATURE_KEYS])
+    every = pd.concat([cached, fresh]) if len(cached) else fresh
+    found = every.reindex(keys)
+    found.index = windows.index
+    return found, replace(state, profiles=every[every.index.isin(state.open.index)])
+
+
+def rows_to_score(
+    closing: pd.DataFrame,
+    history: pd.DataFrame,
+    spec: ProfileSpec,
+    prof: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """The closed windows the model scores (past their device's cold start, filled enough):
     window features plus their relative features. The same rows as training's
-    (``models.dataset.scoring_rows``) for the same events."""
+    (``models.dataset.scoring_rows``) for the same events. ``prof``: their profiles, when
+    already computed."""
     if closing.empty:
         return closing
-    relative = relative_features(closing, profiles(closing, history, spec), spec)
+    prof = profiles(closing, history, spec) if prof is None else prof
+    relative = relative_features(closing, prof, spec)
     ready = scorable(relative, spec).to_numpy()
     return pd.concat([closing[ready], relative[ready]], axis=1).reset_index(drop=True)
 
@@ -141,10 +181,12 @@ def detect(
     model: LoadedModel | None,
     rules: RuleThresholds,
     spec: ProfileSpec,
+    prof: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Rule alerts on the ``changed`` windows (against their device's profile from
-    ``history``), model alerts on the ``scoring`` rows (pure; the stream and tests)."""  # fmt: skip
-    found = [judge(changed, history, rules=rules, spec=spec)]
+    ``history``, or ``prof`` when already computed), model alerts on the ``scoring`` rows
+    (pure; the stream and tests)."""  # fmt: skip
+    found = [judge(changed, history, rules=rules, spec=spec, prof=prof)]
     if model is not None and len(scoring):
         found.append(model_alerts(scoring, model.score(scoring), model))
     found = [f for f in found if len(f)]
@@ -152,14 +194,20 @@ def detect(
 
 
 def judge(
-    windows: pd.DataFrame, history: pd.DataFrame, *, rules: RuleThresholds, spec: ProfileSpec
+    windows: pd.DataFrame,
+    history: pd.DataFrame,
+    *,
+    rules: RuleThresholds,
+    spec: ProfileSpec,
+    prof: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """Rule alerts on ``windows``, each against its device's profile from ``history``."""
+    """Rule alerts on ``windows``, each against its device's profile from ``history`` (or
+    ``prof``, indexed like ``windows``, when already computed)."""
     if windows.empty:
         return empty_alerts()
     with_normal = windows.reset_index(drop=True)
-    with_normal = with_normal.join(learned(profiles(with_normal, history, spec), spec))
-    return rule_alerts(with_normal, rules)
+    prof = profiles(with_normal, history, spec) if prof is None else prof.reset_index(drop=True)
+    return rule_alerts(with_normal.join(learned(prof, spec)), rules)
 
 
 def load_state(
@@ -311,11 +359,15 @@ class FeaturesBatchWriter:
                                  watermark_s=self.watermark_s,
                                  min_events=self.rules.default.min_events)  # fmt: skip
         model = self.scorer.current(scored_columns(windows.columns)) if self.scorer else None
-        scoring = rows_to_score(closing, state.history, self.spec)
+        prof, state = profiled(state, changed, self.spec)
+        # Afresh: a window closing now may read another the batch closes before it.
+        closing_prof = profiles(closing, state.history, self.spec)
+        scoring = rows_to_score(closing, state.history, self.spec, closing_prof)
         alerts = detect(changed, scoring, state.history, model=model, rules=self.rules,
-                        spec=self.spec)  # fmt: skip
+                        spec=self.spec, prof=prof)  # fmt: skip
         # The rules' last word on the windows this batch closes: the values their alerts keep.
-        last_word = judge(closing, state.history, rules=self.rules, spec=self.spec)
+        last_word = judge(closing, state.history, rules=self.rules, spec=self.spec,
+                          prof=closing_prof)  # fmt: skip
         stale = self.written.stale(closing, last_word, RULE_TYPES)
         laps("detect")
 

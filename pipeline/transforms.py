@@ -360,11 +360,16 @@ def first_copies(events: DataFrame, watermark: str) -> DataFrame:
     watermark plus the allowed clock lead, see ``PipelineSettings``); the copies it sends to
     quarantine reach the features from there, as duplicates. Stateful (one key per event within
     the watermark); adds the watermark on ``event_time``.
+
+    ``event_time`` is part of the key so that Spark forgets an event once the watermark passes
+    its time: any later copy is late and dropped before it reaches the state.
+    ``dropDuplicatesWithinWatermark`` gives the same rows but keeps each key for a further
+    watermark delay, twice the state, which Spark scans in full on every batch to evict.
     """
     key = "_event_key"
     return (
         events.withWatermark("event_time", watermark)
         .withColumn(key, event_key(F.col("event_id"), F.col("event_time")))
-        .dropDuplicatesWithinWatermark([key])
+        .dropDuplicates([key, "event_time"])
         .drop(key)
     )

@@ -64,8 +64,7 @@ def health() -> None:
             ui.chart(ui.lines(shown, "timestamp", "state_rows", "query_name",
                               title="State rows", y_title="rows"))  # fmt: skip
         st.subheader("Latest batch per query")
-        latest = metrics.sort("timestamp").group_by("query_name", maintain_order=True).last()
-        ui.show_table(latest.sort("query_name"))
+        ui.show_table(data.latest_batches(metrics))
 
     st.subheader("Quarantine by reason")
     if quarantine.is_empty():

@@ -639,7 +639,8 @@ def test_health_charts_leave_missing_watermarks_out(
     assert lag["watermark_lag_s"].isna().sum() == 3
     assert set(lag["watermark_lag_s"].dropna()) == {120.0}
     latest = at.dataframe[0].value
-    assert latest["watermark"].notna().all()
+    assert list(latest.columns) == list(data.LATEST_BATCH_COLUMNS.values())
+    assert latest["watermark_lag_s"].notna().all()
 
 
 def test_device_page_shows_telemetry_registry_and_history(

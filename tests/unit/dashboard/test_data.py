@@ -422,6 +422,34 @@ def test_the_watermark_lag_is_each_query_as_it_is_now() -> None:
     assert data.watermark_lag(metrics.clear()) is None
 
 
+def test_the_latest_batch_table_has_one_readable_row_per_query() -> None:
+    from datetime import datetime
+
+    t = datetime(2026, 11, 26, 8, 0)
+    metrics = pl.DataFrame({
+        "query_name": ["ingest", "detection", "ingest", "detection"],
+        "run_id": ["r"] * 4,
+        "batch_id": [7, 3, 8, 4],
+        "timestamp": [t, t, t.replace(minute=1), t.replace(minute=2)],
+        "num_input_rows": [10, 20, 11, 21],
+        "input_rows_per_second": [1.0, 2.0, 1.1, 2.1],
+        "processed_rows_per_second": [1.0, 2.0, 1.1, 2.1],
+        "batch_duration_ms": [900, 1800, 950, 1850],
+        "watermark": [None, t, None, t],
+        "state_rows": [0, 5, 0, 6],
+        "late_rows_dropped": [0, 1, 0, 0],
+        "kafka_end_offsets": ['{"iot.telemetry": {"0": 10}}'] * 4,
+        "watermark_lag_s": [None, 0.0, None, 120.0],
+    })  # fmt: skip
+    latest = data.latest_batches(metrics)
+    assert latest.columns == list(data.LATEST_BATCH_COLUMNS.values())
+    assert "kafka_end_offsets" not in latest.columns and "run_id" not in latest.columns
+    assert latest.rows() == [
+        ("detection", 4, t.replace(minute=2), 1850, 21, 2.1, 120.0, 6, 0),
+        ("ingest", 8, t.replace(minute=1), 950, 11, 1.1, None, 0, 0),
+    ]
+
+
 # --- Silent devices (device_silent alerts) -------------------------------------------------------
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
 SILENCE_SCHEMA = {name: pl.String for name in ("alert_id", "device_id", "alert_type", "status")} | {

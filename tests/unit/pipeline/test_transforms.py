@@ -238,3 +238,61 @@ def test_firmware_updates_are_one_json_object_of_strings(spark: Any) -> None:
     assert [r.reason for r in rows] == [reason for _, reason in cases]
     assert (rows[0].update_id, rows[0].device_id, rows[0].firmware) == ("u-1", "dev-1", "2.0.0")
     assert rows[5].detail == "device_id is not a string"
+
+
+@pytest.mark.parametrize("store", ["default", "rocksdb"])
+def test_copies_are_dropped_and_an_event_is_forgotten_once_the_watermark_passes_it(
+    spark: Any, tmp_path: Any, store: str
+) -> None:
+    """Three batches through the real stateful dedup, with a 10-minute watermark.
+
+    The dedup state must hold only events the watermark has not passed: an event at 08:00 is
+    forgotten once the watermark reaches 08:10 (a later copy is late anyway). Keeping it for a
+    further 10 minutes, as ``dropDuplicatesWithinWatermark`` does, doubles the state.
+    """
+    from infra.spark import ROCKSDB_CHANGELOG, ROCKSDB_PROVIDER
+    from pipeline.transforms import first_copies
+
+    if store == "rocksdb":
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        spark.conf.set(ROCKSDB_CHANGELOG, "true")
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    source.mkdir()
+    batches = [
+        [("a", "08:00"), ("a", "08:00"), ("b", "08:05")],  # the watermark ends at 07:55
+        [("a", "08:00"), ("c", "08:20")],  # a's copy is within it: the state drops it; 08:10
+        [("b", "08:05"), ("d", "08:12")],  # b's copy is late; a and b leave the state
+    ]
+    kept: list[str] = []
+    query = None
+    try:
+        stream = first_copies(
+            spark.readStream.schema("event_id string, event_time timestamp")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(source)),
+            "10 minutes",
+        )
+        for i, batch in enumerate(batches):
+            lines = [
+                json.dumps({"event_id": e, "event_time": f"2026-11-22T{t}:00Z"}) for e, t in batch
+            ]
+            (source / f"{i}.json").write_text("\n".join(lines) + "\n")
+            if query is None:
+                query = (
+                    stream.writeStream.option("checkpointLocation", str(checkpoint))
+                    .foreachBatch(lambda df, _: kept.extend(r.event_id for r in df.collect()))
+                    .start()
+                )
+            query.processAllAvailable()
+        assert query is not None
+        state = query.lastProgress["stateOperators"][0]
+    finally:
+        if query is not None:
+            query.stop()
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+        spark.conf.unset(ROCKSDB_CHANGELOG)
+    assert sorted(kept) == ["a", "b", "c", "d"]
+    assert state["numRowsTotal"] == 2  # c and d
+    state_files = {p.suffix for p in (checkpoint / "state").rglob("*") if p.is_file()}
+    # RocksDB checkpoints write the batch's changes, not a snapshot of the store each time.
+    assert (".changelog" in state_files, ".zip" in state_files) == (store == "rocksdb", False)

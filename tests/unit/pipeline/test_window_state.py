@@ -4,9 +4,10 @@ its end, with its final state; a closed window delivered again is not counted tw
 from __future__ import annotations
 
 import pandas as pd
+from pandas.testing import assert_frame_equal
 
-from pipeline.detection import WindowState, advance
-from pipeline.profiles import HISTORY_COLUMNS, ProfileSpec
+from pipeline.detection import WindowState, advance, profiled
+from pipeline.profiles import HISTORY_COLUMNS, ProfileSpec, profiles
 
 T0 = pd.Timestamp("2026-11-25 08:00:00")
 
@@ -52,3 +53,23 @@ def test_thin_windows_close_but_teach_the_profile_nothing() -> None:
     state, _ = step(WindowState.empty(), [window(0, 9.5, count=2)])
     state, closing = step(state, [window(10, 20)])
     assert len(closing) == 1 and state.history.empty
+
+
+def test_profiles_kept_from_earlier_batches_are_the_ones_computed_afresh() -> None:
+    """Two devices, windows of 10 minutes every 5, one batch a minute for an hour: each batch's
+    profiles, partly taken from the state, equal those computed from scratch against the same
+    history. d1's levels change every window, so a profile kept after d1's history grew differs."""
+    state, spec, reused = WindowState.empty(), ProfileSpec(), 0
+    for minute in range(60):
+        rows = []
+        for device, level in (("d1", 1.0 + minute), ("d2", 5.0)):
+            for start in (minute // 5 * 5 - 5, minute // 5 * 5):
+                row = window(start, minute + 0.5, count=20 + minute, device=device)
+                row.update({name: level for name in HISTORY_COLUMNS if name.endswith("_mean")})
+                rows.append(row)
+        changed = pd.DataFrame(rows)
+        state, _ = advance(state, changed, spec=spec, watermark_s=300, min_events=3)
+        reused += len(state.profiles)
+        prof, state = profiled(state, changed, spec)
+        assert_frame_equal(prof, profiles(changed, state.history, spec))
+    assert reused > 0 and len(state.history) > 10  # the cache served, and histories grew

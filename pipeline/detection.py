@@ -115,7 +115,8 @@ def advance(
         pd.concat([state.open[~state.open.index.isin(_keyed(changed).index)], changed])
     )  # fmt: skip
     if max_event_time is None:
-        return WindowState(merged, state.history, None, state.profiles), merged.iloc[0:0]
+        closing = merged.iloc[0:0].reset_index(drop=True)
+        return WindowState(merged, state.history, None, state.profiles), closing
     closes = merged[col.WINDOW_END] <= max_event_time - pd.Timedelta(seconds=watermark_s)
     closing = merged[closes]
     added = history_rows(closing, min_events)

@@ -73,3 +73,14 @@ def test_profiles_kept_from_earlier_batches_are_the_ones_computed_afresh() -> No
         prof, state = profiled(state, changed, spec)
         assert_frame_equal(prof, profiles(changed, state.history, spec))
     assert reused > 0 and len(state.history) > 10  # the cache served, and histories grew
+
+
+def test_windows_with_no_valid_event_yet_close_nothing_and_have_a_profile() -> None:
+    """A first batch whose windows hold only copies or flagged readings: no event time yet."""
+    row = window(0, 4)
+    row["last_event_time"] = pd.NaT
+    state, closing = step(WindowState.empty(), [row])
+    assert closing.empty and state.max_event_time is None
+    assert profiles(closing, state.history, ProfileSpec()).empty
+    prof, state = profiled(state, pd.DataFrame([row]), ProfileSpec())
+    assert prof["profile_windows"].tolist() == [0]

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-ROCKSDB_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 # The fair scheduler's pools (the file says what each is for). Queries share the task slots of
 # one session; a query started in ALERTS_POOL (``scheduler_pool``) gets them first.
 SCHEDULER_POOLS = Path(__file__).with_name("scheduler_pools.xml")
@@ -66,9 +65,6 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         conf["spark.jars"] = ",".join(str(p) for p in jars)
     if settings.state_store == "rocksdb":
         conf["spark.sql.streaming.stateStore.providerClass"] = ROCKSDB_PROVIDER
-        # A checkpoint then writes the keys the batch changed; snapshots of the whole store are
-        # taken in the background, not on the batch's time.
-        conf[ROCKSDB_CHANGELOG] = "true"
     return conf
 
 

@@ -141,9 +141,9 @@ def profiled(
 ) -> tuple[pd.DataFrame, WindowState]:
     """The profiles of ``windows`` against ``state.history`` (indexed like ``windows``), taken
     from ``state.profiles`` where there and computed for the rest; and the state keeping those
-    of its open windows for the next batch."""
+    of its open windows for the next batch. No windows, no columns: nothing reads them."""
     if windows.empty:
-        return profiles(windows, state.history, spec), state
+        return pd.DataFrame(index=windows.index), state
     keys = pd.MultiIndex.from_frame(windows[FEATURE_KEYS])
     cached = state.profiles
     known = keys.isin(cached.index) if len(cached) else pd.Series(False, index=windows.index)
@@ -362,7 +362,7 @@ class FeaturesBatchWriter:
         model = self.scorer.current(scored_columns(windows.columns)) if self.scorer else None
         prof, state = profiled(state, changed, self.spec)
         # Afresh: a window closing now may read another the batch closes before it.
-        closing_prof = profiles(closing, state.history, self.spec)
+        closing_prof = profiles(closing, state.history, self.spec) if len(closing) else None
         scoring = rows_to_score(closing, state.history, self.spec, closing_prof)
         alerts = detect(changed, scoring, state.history, model=model, rules=self.rules,
                         spec=self.spec, prof=prof)  # fmt: skip

@@ -82,5 +82,6 @@ def test_windows_with_no_valid_event_yet_close_nothing_and_have_a_profile() -> N
     state, closing = step(WindowState.empty(), [row])
     assert closing.empty and state.max_event_time is None
     assert profiles(closing, state.history, ProfileSpec()).empty
+    assert profiled(state, closing, ProfileSpec())[0].empty
     prof, state = profiled(state, pd.DataFrame([row]), ProfileSpec())
     assert prof["profile_windows"].tolist() == [0]

@@ -48,7 +48,7 @@ def windows(devices: list[str], starts: list[pd.Timestamp], last: pd.Timestamp,
     frame[col.WINDOW_END] = frame[col.WINDOW_START] + pd.Timedelta(seconds=spec.window_s)
     frame[col.EVENT_COUNT] = rng.integers(80, 160, n)
     frame["first_event_time"] = frame[col.WINDOW_START]
-    frame["last_event_time"] = np.minimum(frame[col.WINDOW_END], last)
+    frame["last_event_time"] = frame[col.WINDOW_END].clip(upper=last)
     for name in HISTORY_COLUMNS:
         if name not in frame:
             frame[name] = rng.normal(100.0, 10.0, n)

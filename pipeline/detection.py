@@ -148,9 +148,11 @@ def profiled(
     cached = state.profiles
     known = keys.isin(cached.index) if len(cached) else pd.Series(False, index=windows.index)
     new = windows[~known]
-    fresh = profiles(new.reset_index(drop=True), state.history, spec)
-    fresh.index = pd.MultiIndex.from_frame(new[FEATURE_KEYS])
-    every = pd.concat([cached, fresh]) if len(cached) else fresh
+    every = cached
+    if len(new):
+        fresh = profiles(new.reset_index(drop=True), state.history, spec)
+        fresh.index = pd.MultiIndex.from_frame(new[FEATURE_KEYS])
+        every = pd.concat([cached, fresh]) if len(cached) else fresh
     found = every.reindex(keys)
     found.index = windows.index
     return found, replace(state, profiles=every[every.index.isin(state.open.index)])

@@ -248,10 +248,14 @@ class WrittenAlerts:
 
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)
     ends: dict[str, pd.Timestamp] = field(default_factory=dict)
-    # The table may hold alerts of windows ending at or before this that are not known here (a
-    # start without window state, e.g. after the features tables were rebuilt): a new alert of
-    # such a window is MERGEd, not appended. None: every alert in the table is known.
+    # The table may hold alerts whose ``unknown_by`` is at or before this that are not known
+    # here (a start without window state, e.g. after the features tables were rebuilt; alerts
+    # forgotten since): such a new alert is MERGEd, not appended. None: every alert in the table
+    # is known.
     unknown_until: pd.Timestamp | None = None
+    # The column ``unknown_until`` bounds: a window's end for windowed detection; a silence's
+    # start for silence, whose alerts have no end while the device is silent.
+    unknown_by: str = col.WINDOW_END
     # The first batch after a start may be the replay of one whose writes partly committed, and
     # may decide otherwise (the registry unreachable, say): its new alerts go through the MERGE,
     # which inserts only what the table lacks. Only that batch can be a replay, so later ones
@@ -320,7 +324,7 @@ class WrittenAlerts:
             return pd.Series(True, index=alerts.index)
         if self.unknown_until is None:
             return pd.Series(False, index=alerts.index)
-        return pd.to_datetime(alerts[col.WINDOW_END]) <= self.unknown_until
+        return pd.to_datetime(alerts[self.unknown_by]) <= self.unknown_until
 
     def remember(self, alerts: pd.DataFrame) -> None:
         for row in records(alerts):
@@ -328,11 +332,15 @@ class WrittenAlerts:
             self.ends[row["alert_id"]] = pd.Timestamp(row[col.WINDOW_END])
 
     def forget_until(self, closed_before: pd.Timestamp) -> None:
-        """Drop the alerts of windows that ended at or before ``closed_before`` (closed: no
-        event can change them any more)."""
+        """Drop the alerts that ended at or before ``closed_before`` (a window closed: no event
+        can change its alerts any more); an alert with no end (a silence still open) stays. What
+        is dropped may be in the table unknown here (``unknown_until``): it started and ended by
+        ``closed_before``."""
         gone = [key for key, end in self.ends.items() if end <= closed_before]
         for key in gone:
             del self.rows[key], self.ends[key]
+        if gone and (self.unknown_until is None or self.unknown_until < closed_before):
+            self.unknown_until = closed_before
 
     @classmethod
     def load(cls, spark: SparkSession, path: str, open_after: pd.Timestamp | None) -> WrittenAlerts:
@@ -353,6 +361,28 @@ class WrittenAlerts:
         log.info("alerts of open windows loaded: %d", len(rows))
         return written
 
+    @classmethod
+    def load_open(
+        cls, spark: SparkSession, path: str, types: Iterable[str], horizon: pd.Timedelta
+    ) -> WrittenAlerts:
+        """The alerts of ``types`` that may still change, for a detector whose alerts stay open
+        until an event ends them (silence; known by their start, ``unknown_by``): the open ones
+        (no end), and those that ended within ``horizon`` of the newest end. The ones that ended
+        earlier count as possibly written (``unknown_until``)."""
+        written = cls(unknown_by=col.WINDOW_START)
+        if not DeltaTable.isDeltaTable(spark, path):
+            return written
+        table = spark.read.format("delta").load(path).where(F.col("alert_type").isin(list(types)))
+        newest = table.agg(F.max(col.WINDOW_END).alias("t")).first()
+        if newest is not None and newest.t is not None:
+            written.unknown_until = pd.Timestamp(newest.t) - horizon
+            since = F.lit(written.unknown_until.strftime(_TIME_TEXT)).cast("timestamp")
+            table = table.where(F.col(col.WINDOW_END).isNull() | (F.col(col.WINDOW_END) > since))
+        rows = table.toPandas()
+        written.remember(rows)
+        log.info("open alerts loaded: %d", len(rows))
+        return written
+
 
 Publish = Callable[[pd.DataFrame], None]
 
@@ -368,8 +398,8 @@ def upsert_alerts(
     """MERGE ``alerts`` (DETECTOR_COLUMNS) by ``alert_id``, raised by ``batch_id`` now: new ones
     inserted, changed ones updated, a replay changes nothing. With ``publish``, the rows the
     MERGE changes, as the table will hold them, are published first. For detectors whose alerts
-    are few and final when raised, or updated by a later event (firmware, silence); windowed
-    detection keeps the table's rows in memory instead (``write_alerts``)."""
+    are few and final when raised (firmware); detection and silence keep the table's rows in
+    memory instead (``write_alerts``)."""
     if alerts.empty:
         return
     rows = as_written(alerts, batch_id, batch_time())

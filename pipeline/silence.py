@@ -11,14 +11,15 @@ original event times, behind what it sent before them: counted per device, they 
 The query (``pipeline.job``): the topic -> who sent each record and when
 (``transforms.senders``) joined with the registry -> grouped by Kafka partition ->
 ``SilenceProcessor`` (``transformWithStateInPandas``) -> alert changes -> ``SilenceBatchWriter``
-(MERGE into ``alerts`` by ``alert_id``, published first). The ``devices`` table read as a stream
-brings retirements. It reads the topic, not the bronze tables: ``telemetry`` and ``quarantine``
-are two Delta streams, committed side by side, so a device's quarantined readings could arrive
-after its partition's later valid ones, and a device whose every reading is quarantined (a clock
-hours ahead) would look silent meanwhile (docs/PERFORMANCE.md measured both). And it reads only
-who sent a record and when, not the whole event: that is all it needs, and a third of the cost
-of the full parse (docs/PERFORMANCE.md). So a record quarantined for its content (a reading out
-of range, a missing metric) is a reading here: its device sent it then.
+(new alerts appended to ``alerts``, changes MERGEd by ``alert_id``, published first). The
+``devices`` table read as a stream brings retirements. It reads the topic, not the bronze
+tables: ``telemetry`` and ``quarantine`` are two Delta streams, committed side by side, so a
+device's quarantined readings could arrive after its partition's later valid ones, and a device
+whose every reading is quarantined (a clock hours ahead) would look silent meanwhile
+(docs/PERFORMANCE.md measured both). And it reads only who sent a record and when, not the whole
+event: that is all it needs, and a third of the cost of the full parse (docs/PERFORMANCE.md). So
+a record quarantined for its content (a reading out of range, a missing metric) is a reading
+here: its device sent it then.
 
 Why these choices:
 
@@ -73,8 +74,8 @@ Semantics (``Partition``, pure and tested without Spark):
   fleet.
 
 Exactly once: the state is Spark's, committed with the batch, and a replayed batch reads the
-same offsets into the same state, so it produces the same changes; the MERGE by ``alert_id``
-makes writing them again a no-op.
+same offsets into the same state, so it produces the same changes; the writer knows the alerts
+the table holds (``SilenceBatchWriter``), so writing them again changes nothing.
 """
 
 from __future__ import annotations
@@ -101,10 +102,11 @@ from pipeline import columns as col
 from pipeline.alerts import (
     DETECTOR_COLUMNS,
     Publish,
+    WrittenAlerts,
     alert_id_of,
     empty_alerts,
     records,
-    upsert_alerts,
+    write_alerts,
 )
 from pipeline.features import with_device
 
@@ -116,6 +118,9 @@ SILENCE_STATE_STORE = ROCKSDB_PROVIDER
 PRIOR_GAPS = 2
 MIN_WEIGHT = 0.05
 SEVERITY = {SILENT: "high", LATE_BURST: "medium"}
+# How long, in event time, the writer remembers an alert that ended: a silence raised again with
+# the same start comes soon after it ended (``SilenceBatchWriter``); later, the MERGE finds it.
+KNOWN_FOR = pd.Timedelta(hours=6)
 
 # Input rows of the processor, grouped by ``partition``: a reading (``kind`` READING, ``ts`` its
 # event time in ms, ``offset`` its Kafka offset, ``registered``); a record whose device's clock
@@ -599,15 +604,31 @@ def silence_alerts(changes: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass
 class SilenceBatchWriter:
-    """``foreachBatch`` of the silence query: its alert changes MERGEd into ``alerts`` (a
-    replayed batch changes nothing), published first with ``publish``."""
+    """``foreachBatch`` of the silence query: its alert changes written to ``alerts``,
+    published first with ``publish``. A new alert is appended; a change to one the table
+    holds (a silence that ended, a burst that grew) is MERGEd by ``alert_id``.
+
+    Exactly once: the writer knows the alerts the table holds that may still change
+    (``WrittenAlerts.load_open``, at its first batch with changes): every open silence, and
+    the alerts that ended within ``KNOWN_FOR`` of event time. So a replayed batch, or a new
+    checkpoint reading the topic again, finds its alerts written, and a silence raised again
+    with the same start (it ended on a record that moved no reading time, then the device went
+    quiet again) updates its row. An alert that ended longer ago is forgotten; a change to one
+    goes through the MERGE, which inserts only what the table lacks."""
 
     alerts_path: str
     publish: Publish | None = None
+    written: WrittenAlerts | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         changes = batch.toPandas()
         if changes.empty:  # most batches: nobody fell silent or came back
             return
-        upsert_alerts(batch.sparkSession, silence_alerts(changes), batch_id,
-                      path=self.alerts_path, publish=self.publish)  # fmt: skip
+        spark = batch.sparkSession
+        if self.written is None:
+            self.written = WrittenAlerts.load_open(spark, self.alerts_path,
+                                                   c.SILENCE_ALERT_TYPES, KNOWN_FOR)  # fmt: skip
+        alerts = silence_alerts(changes)
+        write_alerts(spark, alerts, alerts, path=self.alerts_path, batch_id=batch_id,
+                     written=self.written, publish=self.publish)  # fmt: skip
+        self.written.forget_until(pd.Timestamp(alerts["last_event_time"].max()) - KNOWN_FOR)

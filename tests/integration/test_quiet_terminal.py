@@ -1,6 +1,6 @@
 """A new user's terminal stays quiet (issue 23): ``iotfraud pipeline run`` prints its own progress
 line and names its log file once; Spark's log lines, console progress bars and library warnings
-go to that file. ``-v`` brings them back to the terminal.
+go to that file. ``-v`` brings them back to the terminal. SIGTERM stops it cleanly.
 
 Before, the terminal showed Spark's WARN lines (a "Current batch is falling behind" per
 micro-batch), ``[Stage 12:>  (0 + 2) / 2]`` bars and MLflow's warnings.
@@ -18,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from tests.integration.test_pipeline_cli import pipeline_env
 from tests.pipeline_helpers import device_series, encoded, produce, write_registry
@@ -65,6 +66,10 @@ def test_the_terminal_shows_progress_and_names_the_log_file(
 ) -> None:
     quiet = run_pipeline(tmp_path / "quiet", bootstrap, make_topic())
 
+    # SIGTERM stopped it cleanly (exit status 0, in run_pipeline), once its first batch was in.
+    assert "received SIGTERM" in quiet
+    telemetry = DeltaTable(str(tmp_path / "quiet" / "lake" / "telemetry"))
+    assert telemetry.to_pyarrow_table().num_rows == 30
     assert "ingest: batch" in quiet  # the pipeline's own progress line
     assert WARN_LINE.findall(quiet) == []
     assert JVM_LINE.findall(quiet) == []

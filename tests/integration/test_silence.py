@@ -179,3 +179,88 @@ def _retire(lake: str, device_id: str) -> None:
     DeltaTable(tables.table_path(lake, tables.DEVICES)).update(
         predicate=f"device_id = '{device_id}'", updates={"status": "'retired'"}
     )
+
+
+def test_the_writer_appends_new_alerts_and_writes_nothing_twice_after_a_restart(
+    spark: Any, lake: str
+) -> None:
+    """The silence query's writer on a real Delta table, fed its alert changes directly: a new
+    alert is appended (no MERGE), a change to one updates its row, and a batch replayed after a
+    crash, a new checkpoint reading the topic again, or a silence raised again with the same
+    start leave one row per alert."""
+    import pandas as pd
+    from delta.tables import DeltaTable
+
+    from pipeline.silence import CHANGE_COLUMNS, CHANGES_SCHEMA, KNOWN_FOR, SilenceBatchWriter
+    from pipeline.sinks import ensure_tables
+
+    ensure_tables(spark, lake)
+    path = tables.table_path(lake, tables.ALERTS)
+    t0 = int(datetime(2026, 12, 1, 8, tzinfo=timezone.utc).timestamp() * 1000)
+    minute = 60_000
+
+    def silent(device: str, start_m: int, seen_m: int, end_m: int | None = None) -> dict[str, Any]:
+        return {"device_id": device, "alert_type": "device_silent", "start_ms": t0 + start_m *
+                minute, "first_ms": t0 + start_m * minute, "detected_ms": t0 + seen_m * minute,
+                "end_ms": None if end_m is None else t0 + end_m * minute, "readings": 0,
+                "interval_ms": 20_000, "threshold_ms": 100_000,
+                "ended_by": None if end_m is None else "reading"}  # fmt: skip
+
+    def burst(readings: int) -> dict[str, Any]:
+        return {"device_id": "gateway", "alert_type": "late_burst", "start_ms": t0,
+                "first_ms": t0, "detected_ms": t0 + readings * 20_000,
+                "end_ms": t0 + readings * 20_000, "readings": readings,
+                "behind_ms": 5 * minute, "interval_ms": 20_000}  # fmt: skip
+
+    def batch(*changes: dict[str, Any]) -> Any:
+        rows = [tuple(change.get(name) for name in CHANGE_COLUMNS) for change in changes]
+        return spark.createDataFrame(rows, CHANGES_SCHEMA)
+
+    def table() -> list[dict[str, Any]]:
+        rows = spark.read.format("delta").load(path).orderBy("alert_id").collect()
+        return [r.asDict() for r in rows]
+
+    def operations() -> list[str]:
+        history = DeltaTable.forPath(spark, path).history().orderBy("version").collect()
+        return [h.operation for h in history if h.operation != "CREATE TABLE"]
+
+    batches = [
+        batch(silent("quiet", 0, 2), silent("gone", 0, 2), burst(10)),
+        batch(silent("quiet", 0, 2, end_m=9), silent("gone", 0, 2, end_m=10), burst(12)),
+        # quiet ended on a record that moved no reading time: silent again, the same start.
+        batch(silent("quiet", 0, 12)),
+    ]
+    writer = SilenceBatchWriter(path)
+    writer(batches[0], 0)
+    assert operations() == ["WRITE"], "new alerts are appended"
+    first = table()
+    writer(batches[0], 0)  # replayed in the same run: nothing written
+    assert table() == first and len(operations()) == 1
+    writer(batches[1], 1)
+    writer(batches[2], 2)
+    assert operations() == ["WRITE", "MERGE", "MERGE"]
+    after = table()
+    by_device = {(r["device_id"], r["alert_type"]): r for r in after}
+    assert len(after) == 3
+    assert by_device[("quiet", "device_silent")]["window_end"] is None  # silent again
+    assert by_device[("gone", "device_silent")]["window_end"] == datetime(2026, 12, 1, 8, 10)
+    assert "12 readings arrived late" in by_device[("gateway", "late_burst")]["reasons"][0]
+
+    # A new process (a new checkpoint reads the topic again): the same changes append nothing,
+    # and leave every row as it was.
+    again = SilenceBatchWriter(path)
+    for batch_id, changes in enumerate(batches):
+        again(changes, batch_id)
+    assert table() == after and operations().count("WRITE") == 1
+
+    # Hours later, gone's ended silence is forgotten; raised again with the same start, it goes
+    # through the MERGE, which finds its row: still one row per alert.
+    later = KNOWN_FOR // pd.Timedelta(minutes=1) + 60
+    again(batch(silent("late", later - 5, later)), 3)
+    assert again.written is not None
+    assert alert_id_of("gone", "device_silent", datetime(2026, 12, 1, 8)) not in again.written.rows
+    again(batch(silent("gone", 0, later + 1)), 4)
+    final = {(r["device_id"], r["alert_type"]): r for r in table()}
+    assert len(final) == len(table()) == 4
+    assert final[("gone", "device_silent")]["window_end"] is None
+    assert operations()[-2:] == ["WRITE", "MERGE"]

@@ -72,6 +72,34 @@ def test_alerts_of_closed_windows_are_forgotten() -> None:
     assert not written.rows
 
 
+def test_an_alert_with_no_end_stays_known_and_a_forgotten_one_goes_through_the_merge() -> None:
+    """Silence's alerts, known by their start: an open silence (no end) is never forgotten; once
+    an ended one is, a new alert that may be it (it starts by the time forgotten) is MERGEd."""
+    written = WrittenAlerts(unknown_by="window_start")
+    ended = alerts(("ended", 1.0, "silent"), ("open", 1.0, "silent"), ("fresh", 1.0, "silent"))
+    ended["window_end"] = [T0 + pd.Timedelta(minutes=10), None, None]
+    ended.loc[2, "window_start"] = T0 + pd.Timedelta(hours=2)
+    written.remember(ended)
+    written.forget_until(T0 + pd.Timedelta(hours=1))
+    assert sorted(row["device_id"] for row in written.rows.values()) == ["fresh", "open"]
+    # "ended" raised again with its start, and one that started later: only the first may be
+    # in the table.
+    again = ended.iloc[[0]].assign(window_end=None)
+    later = again.assign(window_start=T0 + pd.Timedelta(hours=1, seconds=1))
+    assert list(written.maybe_written(pd.concat([again, later], ignore_index=True))) == [
+        True,
+        False,
+    ]
+
+
+def test_nothing_forgotten_leaves_every_alert_known() -> None:
+    written = WrittenAlerts()
+    written.remember(alerts(("d1", 0.5, "40 events")))
+    written.forget_until(T0)
+    assert written.unknown_until is None
+    assert not written.maybe_written(alerts(("d2", 0.5, "40 events"))).any()
+
+
 def test_an_alert_only_the_final_state_of_a_window_calls_for_is_written() -> None:
     """A device's profile grows while a window waits to close, so its final verdict can call for
     an alert no earlier state of the window raised."""

@@ -94,6 +94,13 @@ FAST_PATH = "fast_path"
 FAST_LOG = "fast_log"
 SILENCE = "silence"
 STATE_STORE_CONF = "spark.sql.streaming.stateStore.providerClass"
+# Failures that say nothing of the data or the set-up. When the silence query plans a batch,
+# Spark starts a Python process to read its processor's state schema and waits a fixed 10 s for
+# it to connect back (not configurable in Spark 4.2): an overloaded machine can miss that
+# (docs/PERFORMANCE.md). Such a query starts again from its checkpoint, which makes it exactly
+# once; the same failure again within RESTART_AFTER_S stops the pipeline.
+TRANSIENT_FAILURES = ("Python worker failed to connect back",)
+RESTART_AFTER_S = 600.0
 
 
 def check_locations(settings: PipelineSettings) -> None:
@@ -170,6 +177,8 @@ class Pipeline:
     # Publishes alert changes to the alerts topic (``pipeline.publish``); None: no topic.
     publisher: AlertPublisher | None = None
     relay: WebhookRelay | None = None
+    # When each query was last started again after a transient failure (``restart_transient``).
+    restarts: dict[str, float] = field(default_factory=dict)
 
     def checkpoint(self, query: str) -> str:
         return os.path.join(self.settings.checkpoint_root, query)
@@ -383,6 +392,30 @@ class Pipeline:
     def failures(self) -> list[str]:
         return [f"{q.name}: {q.exception()}" for q in self.queries if q.exception() is not None]
 
+    def restart_transient(self, now: float) -> list[str]:
+        """Start again, from its checkpoint, each query that failed transiently
+        (``TRANSIENT_FAILURES``) and can be started again on its own (the silence query, whose
+        writer loads what it needs at its first batch), unless it did so less than
+        ``RESTART_AFTER_S`` ago (then ``failures`` reports it). The names restarted."""
+        restartable = {SILENCE: self.start_silence}
+        restarted = []
+        for query in list(self.queries):
+            error, name = query.exception(), query.name
+            if error is None or name not in restartable:
+                continue
+            if not any(text in str(error) for text in TRANSIENT_FAILURES):
+                continue
+            last = self.restarts.get(name)
+            if last is not None and now - last < RESTART_AFTER_S:
+                continue
+            log.warning("query %s failed (%s); starting it again from its checkpoint",
+                        name, str(error).splitlines()[0])  # fmt: skip
+            self.restarts[name] = now
+            self.queries.remove(query)
+            restartable[name]()
+            restarted.append(name)
+        return restarted
+
 
 def prepare(
     spark: SparkSession,
@@ -514,6 +547,7 @@ def run_until_stopped(pipeline: Pipeline, stop: threading.Event, on_status: obje
             pipeline.flush_metrics()
             if callable(on_status):
                 on_status(pipeline.listener.status_line())
+            pipeline.restart_transient(time.monotonic())
             failed = pipeline.failures()
             if failed:
                 raise RuntimeError("a streaming query failed: " + "; ".join(failed))

@@ -1,6 +1,6 @@
 """Silent devices on the real parts: readings through Kafka, the silence query in Spark
-(transformWithStateInPandas, event-time timers), the registry as a Delta stream, alerts MERGEd
-into Delta and published to the alerts topic."""
+(transformWithStateInPandas, event-time timers), the registry as a Delta stream, alerts written
+to Delta (new ones appended, changes MERGEd) and published to the alerts topic."""
 
 from __future__ import annotations
 

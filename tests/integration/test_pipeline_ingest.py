@@ -37,6 +37,8 @@ def ingest_available(spark: Any, settings: PipelineSettings) -> None:
         pipeline.start_ingest().awaitTermination()
     finally:
         spark.streams.removeListener(pipeline.listener)
+        if pipeline.publisher is not None:
+            pipeline.publisher.close()
 
 
 def settings_for(lake_root: str, tmp_path: Path, **overrides: Any) -> PipelineSettings:

@@ -7,10 +7,13 @@ cleanly on Ctrl-C (or after ``--duration`` seconds, ending with a summary).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -79,20 +82,26 @@ def progress_line(lake_root: str) -> str:
     )
 
 
-def drain(lake_root: str, quiet_s: float = 45.0, timeout_s: float = 300.0) -> None:
-    """Let the pipeline finish what the simulator sent: wait until the tables stop changing for
-    ``quiet_s`` seconds, longer than a busy micro-batch of the detection query (at most
-    ``timeout_s``)."""
-    print(f"finishing what the simulator sent (until the tables are quiet for {quiet_s:.0f} s)",
-          flush=True)  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    last, since = progress_line(lake_root), time.monotonic()
-    while time.monotonic() < deadline and time.monotonic() - since < quiet_s:
-        time.sleep(5)
+def drain(pipeline: subprocess.Popen[bytes], lake_root: str, timeout_s: float = 300.0) -> None:
+    """Let the pipeline finish what the simulator sent: asked with SIGUSR1, it processes what
+    the topic holds and stops. Progress lines meanwhile; at most ``timeout_s`` (then the stop
+    that follows interrupts it)."""
+    if pipeline.poll() is not None:
+        return
+    print("finishing what the simulator sent", flush=True)
+    pipeline.send_signal(signal.SIGUSR1)
+    deadline, last = time.monotonic() + timeout_s, progress_line(lake_root)
+    while time.monotonic() < deadline:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            if pipeline.wait(5) != 0:
+                print(f"the pipeline exited with {pipeline.returncode} while finishing (its log "
+                      "says why: see the logs line above)", file=sys.stderr)  # fmt: skip
+            return
         line = progress_line(lake_root)
         if line != last:
             print(line, flush=True)
-            last, since = line, time.monotonic()
+            last = line
+    print(f"the pipeline had not caught up after {timeout_s:.0f} s: stopping it", file=sys.stderr)
 
 
 def ensure_model(
@@ -547,7 +556,7 @@ def supervise(
     python = [sys.executable, "-m"]
     ready.unlink(missing_ok=True)
     # The demo's progress line stands for the pipeline's; the pipeline's warnings still show.
-    children.start(
+    pipeline = children.start(
         "pipeline",
         [*python, "pipeline", *verbose(args), "run", "--no-progress", "--ready-file", str(ready)],
         {**env, **pipeline_timing(args.accelerate)},
@@ -580,13 +589,13 @@ def supervise(
         if args.duration and time.monotonic() - started >= args.duration:
             break
     children.stop("simulator")
-    drain(common.lake_root)
+    drain(pipeline, common.lake_root)
     children.stop()
     from pipeline.settings import PipelineSettings
 
-    pipeline = load_settings(PipelineSettings)
+    alerts_topic = load_settings(PipelineSettings).alerts_topic
     produced = messages_in_topic(bootstrap_servers, common.topic)
-    published = (alerts_topic_line(bootstrap_servers, pipeline.alerts_topic, common.lake_root)
-                 if pipeline.alerts_topic else None)  # fmt: skip
+    published = (alerts_topic_line(bootstrap_servers, alerts_topic, common.lake_root)
+                 if alerts_topic else None)  # fmt: skip
     print("\n" + summary(common.lake_root, produced, published))
     return 0

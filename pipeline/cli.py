@@ -55,7 +55,8 @@ def falling_behind(settings: PipelineSettings, log_file: Path | None) -> Falling
 def run(
     available_now: bool, no_progress: bool, ready_file: Path | None, **_settings: object
 ) -> int:
-    """Run ingest, features and detection (Ctrl-C stops it cleanly)."""
+    """Run ingest, features and detection (Ctrl-C stops it cleanly; SIGUSR1 once it has
+    processed what the topic holds)."""
     current = invocation()
     settings = settings_from(PipelineSettings)
     spark_settings = load_settings(SparkSettings)
@@ -82,7 +83,17 @@ def run(
                  signal.Signals(signum).name)  # fmt: skip
         stop.set()
 
+    drain = threading.Event()
+
+    def request_drain(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: processing what the sources hold, then stopping",
+                 signal.Signals(signum).name)  # fmt: skip
+        drain.set()
+        stop.set()
+
     behind = falling_behind(settings, current.log_file)
+    # SIGUSR1: stop once caught up (the demo's stop, after its simulator's).
+    signal.signal(signal.SIGUSR1, request_drain)
     with stop_signals(request_stop):  # Ctrl-C, SIGTERM and a closed terminal
         pipeline = job.start(spark, settings)
         log.info("pipeline running; Ctrl-C stops it cleanly")
@@ -95,7 +106,7 @@ def run(
             if warning := behind.update(dict(pipeline.listener.latest)):
                 log.warning(warning)
 
-        job.run_until_stopped(pipeline, stop, on_status=on_status)
+        job.run_until_stopped(pipeline, stop, on_status=on_status, drain=drain)
     return 0
 
 

@@ -380,6 +380,24 @@ class Pipeline:
         if self.publisher is not None:
             self.publisher.close()
 
+    def finish_available(self) -> None:
+        """Let ingest, then detection (which reads what ingest quarantined), process what the
+        topic holds now; then stop every query. Only these two wait for the topic: the firmware
+        check runs a batch at every trigger (its join's watermark), so it never has nothing to
+        do in Spark's sense; the fast path's micro-batches run until stopped; and what the
+        silence query has not read yet it reads at the next start."""
+        for name in (INGEST, DETECTION):
+            for query in self.queries:
+                if query.name == name and query.isActive:
+                    query.processAllAvailable()
+        # Then each query stops between two micro-batches: a stop cuts the running one, and a
+        # cut between publishing and writing leaves the topic an alert the table does not hold
+        # until the next start.
+        for query in self.queries:
+            while query.name != FAST_PATH and query.isActive and query.status["isTriggerActive"]:
+                time.sleep(0.1)
+            query.stop()
+
     def finish_detection(self) -> None:
         """Once detection has stopped: its open windows' alerts get their latest values."""
         if self.detection is None:
@@ -537,9 +555,16 @@ def run_available_now(
     return pipeline
 
 
-def run_until_stopped(pipeline: Pipeline, stop: threading.Event, on_status: object = None) -> None:
+def run_until_stopped(
+    pipeline: Pipeline,
+    stop: threading.Event,
+    on_status: object = None,
+    drain: threading.Event | None = None,
+) -> None:
     """Block until ``stop`` is set or a query fails; flush metrics and report status meanwhile,
-    and maintain the tables every ``maintenance_interval`` (on a thread of its own)."""
+    and maintain the tables every ``maintenance_interval`` (on a thread of its own). When
+    ``drain`` is set too, the queries first process what their sources hold (a stop that loses
+    no time: the demo's, once its simulator has stopped)."""
     interval = pipeline.settings.status_interval_s
     maintenance = Maintenance(pipeline.spark, pipeline.settings)
     try:
@@ -552,6 +577,9 @@ def run_until_stopped(pipeline: Pipeline, stop: threading.Event, on_status: obje
             if failed:
                 raise RuntimeError("a streaming query failed: " + "; ".join(failed))
             maintenance.start_when_due()
+        if drain is not None and drain.is_set():
+            pipeline.finish_available()
+            log.info("every query has processed what its source held: stopping")
     finally:
         pipeline.stop()
         pipeline.spark.streams.removeListener(pipeline.listener)

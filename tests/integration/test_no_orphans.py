@@ -7,11 +7,15 @@ with Ctrl-C left the Streamlit server and the Kafka broker running.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -79,10 +83,60 @@ def test_the_dashboard_server_ends_with_the_command(tmp_path: Path, signum: sign
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def ingested(checkpoint: Path) -> int:
+    """How many messages the query whose checkpoint this is has read and committed: the end
+    offsets of its last committed micro-batch, summed over the partitions (from offset 0)."""
+    last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    offsets = json.loads((checkpoint / "offsets" / str(last)).read_text().splitlines()[2])
+    return sum(end for partitions in offsets.values() for end in partitions.values())
+
+
+# The demo's own call, in a process of its own that the test SIGKILLs.
+BROKER_PARENT = textwrap.dedent("""
+    import time
+    from infra import stack
+    from infra.settings import CommonSettings, StackSettings, load_settings
+
+    status = stack.up(load_settings(StackSettings), load_settings(CommonSettings),
+                      die_with_parent=True)
+    print(status.bootstrap_servers, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_the_demos_broker_ends_with_a_killed_demo(tmp_path: Path) -> None:
+    """A SIGKILLed demo leaves no broker: the kernel ends it (its other children are started by
+    ``infra.processes``, which tests/unit/test_processes.py kills the same way)."""
+    kafka_port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "IOT_STACK_STATE_DIR": str(tmp_path / "state"),
+           "IOT_LAKE_ROOT": str(tmp_path / "lake"), "IOT_STACK_KAFKA_PORT": str(kafka_port),
+           "IOT_STACK_KAFKA_CONTROLLER_PORT": str(free_port())}  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", BROKER_PARENT], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    started: set[int] = set()
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline().strip() == f"127.0.0.1:{kafka_port}"
+        started = descendants(parent.pid)
+        assert started, "the broker runs as the parent's child"
+        assert listening(kafka_port, timeout_s=0)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(30)
+        assert not wait_gone(started, 60), f"left running after SIGKILL: {started}"
+        assert not listening(kafka_port), "the broker still listens"
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+        for pid in started | descendants(parent.pid):  # an orphan is no descendant any more
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
-def test_the_demo_leaves_nothing_running(tmp_path: Path, signum: signal.Signals) -> None:
+def test_ctrl_c_ends_the_demo_with_a_summary_and_leaves_nothing_running(tmp_path: Path) -> None:
     dash_port, kafka_port = free_port(), free_port()
     log = tmp_path / "demo.log"
     env = {
@@ -108,12 +162,18 @@ def test_the_demo_leaves_nothing_running(tmp_path: Path, signum: signal.Signals)
         wait_for(lambda: "telemetry " in log.read_text(), "a progress line", 120, proc, log)
         started = descendants(proc.pid)
         assert len(started) >= 5, started  # broker, pipeline (and its JVM), simulator, dashboard
-        os.kill(proc.pid, signum)
+        os.kill(proc.pid, signal.SIGINT)
         proc.wait(300)
-        if signum == signal.SIGINT:  # stopped as --duration would: drained, with a summary
-            assert proc.returncode == 0, log.read_text()[-3000:]
-            assert "summary: telemetry" in log.read_text()
-        assert not wait_gone(started, 60), f"left running after {signum.name}: {started}"
+        # Stopped as --duration would: drained, with a summary.
+        assert proc.returncode == 0, log.read_text()[-3000:]
+        text = log.read_text()
+        assert "summary: telemetry" in text
+        # Drained: the pipeline read every message the demo produced before it stopped.
+        produced = re.search(r"produced to Kafka: ([\d,]+) messages", text)
+        assert produced, text[-3000:]
+        ingest = tmp_path / "checkpoints" / "ingest"
+        assert ingested(ingest) == int(produced.group(1).replace(",", ""))
+        assert not wait_gone(started, 60), f"left running after Ctrl-C: {started}"
         assert not listening(kafka_port), "the broker the demo started still listens"
         assert not listening(dash_port)
     finally:

@@ -210,3 +210,47 @@ def test_a_batch_read_from_its_previous_batchs_end_and_one_without_a_previous_is
         [2, "t", 0, 9, 12], [2, "t", 1, 8, 8],
         [5, "t", 0, 20, 25], [5, "t", 1, 10, 11],
     ]  # fmt: skip
+
+
+def test_the_demos_drain_asks_the_pipeline_to_catch_up_and_is_bounded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from iotfraud.demo import drain
+
+    def pipeline(on_usr1: str) -> subprocess.Popen[bytes]:
+        """A stand-in that says when it is ready, then does ``on_usr1`` on SIGUSR1."""
+        code = ("import signal, sys, time\n"
+                f"signal.signal(signal.SIGUSR1, lambda *_: {on_usr1})\n"
+                "print('ready', flush=True)\n"
+                "time.sleep(60)\n")  # fmt: skip
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        return proc
+
+    lake = str(tmp_path / "lake")
+    # Caught up: it exits at once, and so does the wait.
+    caught_up = pipeline("sys.exit(0)")
+    started = time.monotonic()
+    drain(caught_up, lake, timeout_s=30)
+    assert caught_up.returncode == 0 and time.monotonic() - started < 10
+    said = capsys.readouterr()
+    assert "finishing what the simulator sent" in said.out and said.err == ""
+
+    # Failing while it finishes: said, with where to look.
+    failing = pipeline("sys.exit(3)")
+    drain(failing, lake, timeout_s=30)
+    assert "the pipeline exited with 3 while finishing" in capsys.readouterr().err
+
+    # Never done: the wait ends at its bound and says so (the stop that follows ends it).
+    stuck = pipeline("None")
+    try:
+        drain(stuck, lake, timeout_s=2)
+        assert stuck.poll() is None
+        assert "had not caught up after 2 s" in capsys.readouterr().err
+    finally:
+        stuck.kill()
+        stuck.wait()

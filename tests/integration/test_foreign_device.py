@@ -52,7 +52,7 @@ def test_steady_foreign_device_raises_no_alert_after_warm_up(
         topic=make_topic(partitions=2), firmware_topic="", mlflow_tracking_uri=mlflow_uri,
     )  # fmt: skip
     # A champion trained on a small simulated fleet, as `iotfraud train` does.
-    model = ModelSettings(devices=60, hours=1.5, holdout_hours=1.0,
+    model = ModelSettings(devices=30, hours=1.0, holdout_hours=0.5,
                           workdir=str(tmp_path / "training"))  # fmt: skip
     result = train(spark, model, mlflow_uri, window=settings.window, slide=settings.slide,
                    spec=settings.profile_spec(), history_source=simulate)  # fmt: skip

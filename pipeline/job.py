@@ -101,6 +101,8 @@ STATE_STORE_CONF = "spark.sql.streaming.stateStore.providerClass"
 # once; the same failure again within RESTART_AFTER_S stops the pipeline.
 TRANSIENT_FAILURES = ("Python worker failed to connect back",)
 RESTART_AFTER_S = 600.0
+# How long a drained stop waits for a query's micro-batch to end (``Pipeline.finish_available``).
+DRAIN_WAIT_S = 60.0
 
 
 def check_locations(settings: PipelineSettings) -> None:
@@ -392,9 +394,12 @@ class Pipeline:
                     query.processAllAvailable()
         # Then each query stops between two micro-batches: a stop cuts the running one, and a
         # cut between publishing and writing leaves the topic an alert the table does not hold
-        # until the next start.
+        # until the next start. A query whose batches follow each other without a pause (one
+        # slower than its trigger) is stopped after DRAIN_WAIT_S all the same.
         for query in self.queries:
-            while query.name != FAST_PATH and query.isActive and query.status["isTriggerActive"]:
+            deadline = time.monotonic() + DRAIN_WAIT_S
+            while (query.name != FAST_PATH and query.isActive and time.monotonic() < deadline
+                   and query.status["isTriggerActive"]):  # fmt: skip
                 time.sleep(0.1)
             query.stop()
 

@@ -388,10 +388,10 @@ class Pipeline:
         check runs a batch at every trigger (its join's watermark), so it never has nothing to
         do in Spark's sense; the fast path's micro-batches run until stopped; and what the
         silence query has not read yet it reads at the next start."""
-        for name in (INGEST, DETECTION):
-            for query in self.queries:
-                if query.name == name and query.isActive:
-                    query.processAllAvailable()
+        named = {query.name: query for query in self.queries}
+        for query in (named.get(INGEST), named.get(DETECTION)):
+            if query is not None and query.isActive:
+                query.processAllAvailable()
         # Then each query stops between two micro-batches: a stop cuts the running one, and a
         # cut between publishing and writing leaves the topic an alert the table does not hold
         # until the next start. A query whose batches follow each other without a pause (one
@@ -584,7 +584,7 @@ def run_until_stopped(
             maintenance.start_when_due()
         if drain is not None and drain.is_set():
             pipeline.finish_available()
-            log.info("every query has processed what its source held: stopping")
+            log.info("ingest and detection have processed what the topic held: stopped")
     finally:
         pipeline.stop()
         pipeline.spark.streams.removeListener(pipeline.listener)

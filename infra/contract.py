@@ -235,6 +235,12 @@ ALERTS_COLUMNS: Columns = (
     ("detected_at", "timestamp"),
     ("batch_id", "long"),
 )
+# Each detector writes alerts of its own types only, from its own query's thread (windowed
+# detection, firmware, silence). Delta (Serializable isolation, the only level it offers) fails a
+# MERGE when another commit added files it should have read; it tells which by partition. So
+# partitioned by type, one detector's appends and MERGEs never make another's MERGE fail, and none
+# waits for another's.
+ALERTS_PARTITIONED_BY = ("alert_type",)
 # --- Alert messages: JSON value on the alerts topic, key = device_id ----------------------------
 # A windowed message is an ``alerts`` row plus ``path`` "windowed"; a fast-path message (per-event
 # checks, ``pipeline.fastpath``) is these columns, with ``path`` "fast" and the event that raised

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -32,7 +30,6 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from infra import contract as c
-from infra.spark import ALERTS_POOL, scheduler_pool
 from pipeline import columns as col
 from pipeline.metrics import Laps
 from pipeline.sinks import append, driver_frame, retry_on_conflict, side_by_side
@@ -50,21 +47,6 @@ _UPDATABLE = ("severity", "score", "reasons", "window_end", "first_event_time", 
               "model_version")  # fmt: skip
 # Spark's text of a timestamp (session time zone, UTC here): what alert_id hashes.
 _TIME_TEXT = "%Y-%m-%d %H:%M:%S"
-# One write into ``alerts`` at a time in this process. Detection, firmware and silence write from
-# their queries' own threads, and the table is not partitioned: a MERGE that overlaps any other
-# commit to it loses (ConcurrentAppendException, which Delta logs at ERROR) and is done again
-# whole. Taking turns costs a wait instead, and leaves the log's ERROR lines for real failures.
-# Writers in other processes (``iotfraud maintain``) still meet ``retry_on_conflict``.
-_WRITING = threading.Lock()
-
-
-@contextmanager
-def _turn(spark: SparkSession) -> Iterator[None]:
-    """A turn at writing ``alerts`` (``_WRITING``), its jobs in the scheduler's alerts pool
-    whichever query takes it: detection's new alerts wait for the turn, so a firmware or
-    silence MERGE holding it must not queue behind the tasks of the pool its query runs in."""
-    with _WRITING, scheduler_pool(spark, ALERTS_POOL):
-        yield
 
 
 def alert_id_of(device_id: str, alert_type: str, window_start: datetime) -> str:
@@ -146,25 +128,28 @@ def merge_alerts(spark: SparkSession, rows: pd.DataFrame, path: str) -> None:
     # newer ones: a batch's final values are of windows closing now, its new alerts of windows
     # still filling.
     starts = pd.to_datetime(rows[col.WINDOW_START])
+    # And by their types (alert_id is made from the type too): the table's partitions, so that
+    # Delta checks the commits of other detectors, made meanwhile, against these partitions only
+    # (``infra.contract.ALERTS_PARTITIONED_BY``).
+    types = ", ".join(f"'{t}'" for t in sorted(set(rows["alert_type"])))
     condition = (
-        f"t.alert_id = s.alert_id AND t.`{col.WINDOW_START}` BETWEEN "
-        f"TIMESTAMP '{starts.min().floor('s').strftime(_TIME_TEXT)}' AND "
+        f"t.alert_id = s.alert_id AND t.alert_type IN ({types}) AND t.`{col.WINDOW_START}` "
+        f"BETWEEN TIMESTAMP '{starts.min().floor('s').strftime(_TIME_TEXT)}' AND "
         f"TIMESTAMP '{starts.max().ceil('s').strftime(_TIME_TEXT)}'"
     )
 
     def merge() -> None:
         update: dict[str, str | Column] = {f: f"s.`{f}`" for f in _UPDATABLE}
         status: dict[str, str | Column] = {"status": "s.status"}
-        with _turn(spark):
-            (
-                DeltaTable.forPath(spark, path)
-                .alias("t")
-                .merge(alerts.alias("s"), condition)
-                .whenMatchedUpdate(f"{withdrawn} AND NOT (t.status <=> s.status)", status)
-                .whenMatchedUpdate(f"NOT ({withdrawn}) AND ({changed})", update)
-                .whenNotMatchedInsertAll(f"NOT ({withdrawn})")
-                .execute()
-            )
+        (
+            DeltaTable.forPath(spark, path)
+            .alias("t")
+            .merge(alerts.alias("s"), condition)
+            .whenMatchedUpdate(f"{withdrawn} AND NOT (t.status <=> s.status)", status)
+            .whenMatchedUpdate(f"NOT ({withdrawn}) AND ({changed})", update)
+            .whenNotMatchedInsertAll(f"NOT ({withdrawn})")
+            .execute()
+        )
 
     retry_on_conflict(merge, "alerts MERGE")
 
@@ -463,8 +448,7 @@ def write_alerts(
         publish(_concat(appended, after[merge_changes.to_numpy()], withdrawn))
     laps("publish")
     if len(appended):
-        with _turn(spark):  # the wait for the other writers of alerts shows in "append"
-            append(to_spark(spark, appended), path, rows=len(appended))
+        append(to_spark(spark, appended), path, rows=len(appended))
     laps("append")
     # Final values and withdrawals in one MERGE: both come when windows close.
     side_by_side(partial(merge_alerts, spark, _concat(merged, withdrawn), path),

@@ -27,6 +27,7 @@ CONTRACT_TABLES: dict[str, c.Columns] = {
     lake.FIRMWARE_UPDATES: c.FIRMWARE_UPDATES_COLUMNS,
     lake.FAST_ALERTS: c.FAST_ALERTS_COLUMNS,
 }
+PARTITIONED_BY: dict[str, tuple[str, ...]] = {lake.ALERTS: c.ALERTS_PARTITIONED_BY}
 
 
 def driver_frame(spark: SparkSession, data: Any, schema: str | StructType) -> DataFrame:
@@ -37,26 +38,48 @@ def driver_frame(spark: SparkSession, data: Any, schema: str | StructType) -> Da
     return spark.createDataFrame(data, schema).coalesce(1)
 
 
-def ensure_table(spark: SparkSession, path: str, columns: c.Columns) -> None:
-    """Create an empty Delta table with the contract's schema unless one exists at ``path``; add
-    the contract's columns an existing table lacks (written by an older version: its rows hold
-    null there)."""
+def ensure_table(
+    spark: SparkSession, path: str, columns: c.Columns, partitioned_by: tuple[str, ...] = ()
+) -> None:
+    """Create an empty Delta table with the contract's schema (and partitioning) unless one exists
+    at ``path``; add the contract's columns an existing table lacks (written by an older version:
+    its rows hold null there), and rewrite, once, one partitioned otherwise."""
     if DeltaTable.isDeltaTable(spark, path):
         present = set(spark.read.format("delta").load(path).columns)
         missing = tuple((name, kind) for name, kind in columns if name not in present)
         if missing:
             log.info("adding columns %s to Delta table %s", [n for n, _ in missing], path)
             spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({c.spark_ddl(missing)})")
+        if partitioned_by:
+            _partition(spark, path, partitioned_by)
         return
     log.info("creating Delta table %s", path)
     # A commit of the schema alone: writing an empty DataFrame would run a job as well.
     schema = spark.createDataFrame([], c.spark_ddl(columns)).schema
-    DeltaTable.createIfNotExists(spark).location(path).addColumns(schema).execute()
+    create = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+    (create.partitionedBy(*partitioned_by) if partitioned_by else create).execute()
+
+
+def _partition(spark: SparkSession, path: str, partitioned_by: tuple[str, ...]) -> None:
+    """Rewrite the table at ``path`` partitioned by ``partitioned_by`` if it is not (a table an
+    older version created): one commit, which keeps its rows, history and properties."""
+    current = DeltaTable.forPath(spark, path).detail().select("partitionColumns").first()
+    if current is not None and tuple(current[0]) == partitioned_by:
+        return
+    log.warning(
+        "rewriting Delta table %s partitioned by %s (once)", path, ", ".join(partitioned_by)
+    )
+    (
+        spark.read.format("delta").load(path)
+        .write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        .partitionBy(*partitioned_by).save(path)
+    )  # fmt: skip
 
 
 def ensure_tables(spark: SparkSession, lake_root: str) -> None:
     for table, columns in CONTRACT_TABLES.items():
-        ensure_table(spark, lake.table_path(lake_root, table), columns)
+        path = lake.table_path(lake_root, table)
+        ensure_table(spark, path, columns, PARTITIONED_BY.get(table, ()))
 
 
 def idempotent_append(
@@ -150,10 +173,10 @@ def is_write_conflict(exc: BaseException) -> bool:
 def retry_on_conflict(write: Callable[[], None], what: str, attempts: int = 5) -> None:
     """Run ``write``, again when it conflicted with a concurrent commit to the same table.
 
-    The pipeline's own writers to ``alerts`` take turns (``pipeline.alerts``), but another
-    process can commit in between (``iotfraud maintain`` compacting the table). A MERGE that lost
-    commits nothing, and running it again is safe because MERGEs on deterministic keys are
-    idempotent.
+    The pipeline's own writers to ``alerts`` never conflict (each writes its own partitions,
+    ``infra.contract.ALERTS_PARTITIONED_BY``), but another process can commit in between
+    (``iotfraud maintain`` compacting the table). A MERGE that lost commits nothing, and running
+    it again is safe because MERGEs on deterministic keys are idempotent.
     """
     for attempt in range(1, attempts + 1):
         try:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
+from delta.tables import DeltaTable
 from pandas.testing import assert_frame_equal
 
 from infra import contract as c
@@ -17,11 +19,13 @@ from pipeline.alerts import (
     WrittenAlerts,
     after_merge,
     alert_frame,
+    alert_id_of,
     as_written,
     merge_alerts,
     records,
+    to_spark,
 )
-from pipeline.sinks import ensure_table
+from pipeline.sinks import append, ensure_table
 
 T0 = pd.Timestamp("2026-11-25 08:00:00")
 NOW = pd.Timestamp("2026-11-25 08:04:30.123456")
@@ -148,31 +152,93 @@ def test_changed_values_keep_the_first_detection_and_after_merge_says_what_chang
     assert list(after_merge(raised, held)[1]) == [False]
 
 
-def test_the_pipelines_alert_writers_take_turns_instead_of_conflicting(
+def alerts_of(alert_type: str, *rows: tuple[str, float, str]) -> pd.DataFrame:
+    """``alerts`` of another type: another detector's."""
+    frame = alerts(*rows).assign(alert_type=alert_type)
+    frame["alert_id"] = [alert_id_of(d, alert_type, T0) for d in frame["device_id"]]
+    return frame
+
+
+def test_one_detectors_merge_is_never_failed_by_anothers_appends(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Detection, firmware and silence MERGE alerts from their queries' threads. Two MERGEs at
-    once into the unpartitioned table conflict: one is done again, after Delta logged an ERROR."""
+    """Detection, firmware and silence write alerts from their queries' threads, each its own
+    types. Delta fails a MERGE when a commit made meanwhile added files it should have read, and
+    in the unpartitioned table of older versions any append did: the MERGE was done again, after
+    Delta logged an ERROR (so the writers took turns, and detection's new alerts waited for a
+    silence MERGE). Partitioned by type, a silence MERGE goes through at its first attempt while
+    detection appends its alerts again and again."""
     path = str(tmp_path / "alerts")
-    ensure_table(spark, path, c.ALERTS_COLUMNS)
-    frames = [as_written(alerts((f"d{i}", 0.5, "40 events")), i, NOW) for i in range(3)]
+    ensure_table(spark, path, c.ALERTS_COLUMNS, c.ALERTS_PARTITIONED_BY)
+    silent = as_written(alerts_of("device_silent", ("d0", 0.9, "silent 300 s")), 1, NOW)
+    merge_alerts(spark, silent, path)
+    merging = threading.Event()
+    appended: list[int] = []
     errors: list[BaseException] = []
-    together = threading.Barrier(len(frames))
 
-    def write(frame: Any) -> None:
-        together.wait()
+    def detection() -> None:
         try:
-            merge_alerts(spark, frame, path)
+            for i in range(4):  # one before the MERGE, the others while it runs
+                if i and not merging.is_set():
+                    return
+                rows = as_written(alerts((f"d{i}", 0.5, "40 events")), 2 + i, NOW)
+                append(to_spark(spark, rows), path, rows=1)
+                appended.append(i)
         except BaseException as exc:  # raised below, in the test's thread
             errors.append(exc)
 
+    ended = silent.assign(window_end=T0 + pd.Timedelta(minutes=20), score=1.0)
+    writer = threading.Thread(target=detection)
     with caplog.at_level(logging.INFO, logger="pipeline.sinks"):
-        threads = [threading.Thread(target=write, args=(f,)) for f in frames]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        merging.set()
+        writer.start()
+        while not appended and writer.is_alive():  # the MERGE starts after an append
+            time.sleep(0.05)
+        merge_alerts(spark, ended, path)
+        merging.clear()
+        writer.join(120)
     assert not errors, errors
     assert not [r.getMessage() for r in caplog.records if "conflicted" in r.getMessage()]
-    rows = spark.read.format("delta").load(path).select("device_id").collect()
-    assert sorted(r.device_id for r in rows) == ["d0", "d1", "d2"]
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").toPandas()
+    merge = history[history["operation"] == "MERGE"].sort_values("version").iloc[-1]
+    meanwhile = history[(history["operation"] == "WRITE")
+                        & (history["version"] > merge["readVersion"])
+                        & (history["version"] < merge["version"])]  # fmt: skip
+    assert len(meanwhile) >= 1, "no append landed while the MERGE ran: the test proved nothing"
+    table = spark.read.format("delta").load(path).toPandas()
+    assert sorted(table["device_id"]) == sorted(["d0", *(f"d{i}" for i in appended)])
+    row = table[table["alert_type"] == "device_silent"].iloc[0]
+    assert row["window_end"] == T0 + pd.Timedelta(minutes=20) and row["score"] == 1.0
+
+
+def test_an_unpartitioned_alerts_table_is_partitioned_once_with_the_same_rows(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A lake an older version made has ``alerts`` unpartitioned: rewritten at start, once."""
+    path = str(tmp_path / "alerts")
+    ensure_table(spark, path, c.ALERTS_COLUMNS)
+    rows = pd.concat(
+        [
+            as_written(alerts(("d1", 0.5, "40 events")), 1, NOW),
+            as_written(alerts_of("device_silent", ("d2", 0.9, "silent")), 2, NOW),
+        ]
+    )
+    append(to_spark(spark, rows), path, rows=2)
+    before = spark.read.format("delta").load(path).toPandas()
+
+    def partitioning() -> list[str]:
+        return list(DeltaTable.forPath(spark, path).detail().first()["partitionColumns"])
+
+    def versions() -> int:
+        return DeltaTable.forPath(spark, path).history().count()
+
+    assert partitioning() == []
+    ensure_table(spark, path, c.ALERTS_COLUMNS, c.ALERTS_PARTITIONED_BY)
+    assert partitioning() == ["alert_type"]
+    after = spark.read.format("delta").load(path).toPandas()
+    by_id = ["alert_id"]
+    assert_frame_equal(after[TABLE_COLUMNS].sort_values(by_id).reset_index(drop=True),
+                       before[TABLE_COLUMNS].sort_values(by_id).reset_index(drop=True))  # fmt: skip
+    done = versions()
+    ensure_table(spark, path, c.ALERTS_COLUMNS, c.ALERTS_PARTITIONED_BY)
+    assert versions() == done

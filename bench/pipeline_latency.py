@@ -19,6 +19,10 @@ most ``--drain`` seconds) and prints a JSON object:
   at the start and at the end, late rows dropped;
 - the pipeline's resident memory (Python driver, JVM, Python workers) sampled every 5 s: first,
   max, last;
+- its CPU seconds by process (Python driver, JVM, Python workers) from the simulator's start,
+  when sending ended (``cpu_s_while_sending``) and at the end (``cpu_s``): the same input, so
+  runs compare by it even when their batches were cut differently; with ``--cpu-by-query``, the
+  executor CPU seconds of each query's tasks (Spark UI REST API);
 - a timeline in ``--bucket``-second steps (for long runs: is anything growing?): memory (median
   and max of the samples), state rows of each stateful query, and the ingest latency p95 of the
   rows written in that step;
@@ -59,21 +63,30 @@ from bench_broker import bench_broker
 
 from iotfraud.demo import alert_latency, table_rows
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
 
 @dataclass
-class TreeMemory:
-    """Resident memory of a process and its descendants, from /proc (Linux).
+class ProcessTree:
+    """Resident memory and CPU time of a process and its descendants, from /proc (Linux).
 
-    A descendant counts only from its second sample on. The JVM starts short-lived child
+    Memory: a descendant counts only from its second sample on. The JVM starts short-lived child
     processes several times a second, and until such a child calls exec it shares the JVM's
     address space, so /proc shows it with the JVM's whole RSS: counted, one sample in dozens would
     read about 3 GB too high (docs/PERFORMANCE.md, the soak).
+
+    CPU: each process's user + system time at its last sample, less what it had used at
+    ``mark``, by role: ``driver`` (the pipeline's Python process), ``jvm``, ``python_workers``
+    (Spark's Python workers: only the silence query runs Python code on executors). A process
+    that ends between two samples loses what it used since its last one (at most 5 s).
     """
 
     pid: int
     _seen: set[int] = field(default_factory=set)
+    _cpu: dict[int, tuple[str, float]] = field(default_factory=dict)
+    _base: dict[int, float] = field(default_factory=dict)
 
-    def sample_mb(self) -> float:
+    def _tree(self) -> list[int]:
         children: dict[int, list[int]] = {}
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
@@ -87,8 +100,24 @@ class TreeMemory:
             current = todo.pop()
             tree.append(current)
             todo.extend(children.get(current, []))
+        return tree
+
+    def _role(self, pid: int, stat: str) -> str:
+        if pid == self.pid:
+            return "driver"
+        return "jvm" if stat.split("(", 1)[1].rsplit(")", 1)[0] == "java" else "python_workers"
+
+    def sample_mb(self) -> float:
+        tree = self._tree()
         total_kb = 0
         for current in tree:
+            try:
+                stat = Path(f"/proc/{current}/stat").read_text()
+                fields = stat.rsplit(")", 1)[1].split()
+                used = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+                self._cpu[current] = (self._role(current, stat), used)
+            except (OSError, IndexError, ValueError):
+                pass
             if current != self.pid and current not in self._seen:
                 continue
             try:
@@ -99,6 +128,49 @@ class TreeMemory:
             total_kb += int(match.group(1)) if match else 0
         self._seen = set(tree)
         return total_kb / 1024
+
+    def mark(self) -> None:
+        """CPU time counts from here."""
+        self.sample_mb()
+        self._base = {pid: used for pid, (_, used) in self._cpu.items()}
+
+    def cpu_s(self) -> dict[str, float]:
+        out: dict[str, float] = {"driver": 0.0, "jvm": 0.0, "python_workers": 0.0}
+        for pid, (role, used) in self._cpu.items():
+            out[role] += used - self._base.get(pid, 0.0)
+        out["total"] = sum(out.values())
+        return {role: round(value, 1) for role, value in out.items()}
+
+
+def executor_cpu_by_query(lake: str, ui: str = "http://localhost:4040") -> dict[str, Any]:
+    """Executor CPU seconds (tasks' CPU time, deserialisation included) and task run time per
+    query, from the Spark UI's REST API: a streaming query's jobs carry its run id as their job
+    group, its foreachBatch's jobs included. Driver work (planning, pandas, Delta's commit
+    protocol) is not in it."""
+    from urllib.request import urlopen
+
+    def get(path: str) -> Any:
+        with urlopen(f"{ui}/api/v1{path}", timeout=60) as response:
+            return json.load(response)
+
+    names = {
+        str(row["run_id"]): str(row["query_name"])
+        for row in table_rows(lake, "pipeline_metrics", ["run_id", "query_name"])
+    }
+    app = get("/applications")[0]["id"]
+    group_of = {
+        stage: names.get(job.get("jobGroup") or "", "other")
+        for job in get(f"/applications/{app}/jobs")
+        for stage in job["stageIds"]
+    }
+    out: dict[str, dict[str, float]] = {}
+    for stage in get(f"/applications/{app}/stages?status=complete"):
+        query = out.setdefault(group_of.get(stage["stageId"], "other"),
+                               {"cpu_s": 0.0, "run_s": 0.0, "tasks": 0})  # fmt: skip
+        query["cpu_s"] += (stage["executorCpuTime"] + stage["executorDeserializeCpuTime"]) / 1e9
+        query["run_s"] += stage["executorRunTime"] / 1000
+        query["tasks"] += stage["numCompleteTasks"]
+    return {name: {k: round(v, 1) for k, v in row.items()} for name, row in sorted(out.items())}
 
 
 def lake_rows(lake: str) -> int:
@@ -231,8 +303,10 @@ def table_health(lake: str) -> dict[str, Any]:
 
 def run(
     root: Path, bootstrap: str, args: argparse.Namespace
-) -> tuple[int, int, float, float, list[tuple[float, float]], list[dict[str, Any]]]:
-    """Registry, pipeline and simulator against ``bootstrap``; what the measurement needs."""
+) -> tuple[int, int, float, float, list[tuple[float, float]], dict[str, Any]]:
+    """Registry, pipeline and simulator against ``bootstrap``; what the measurement needs:
+    messages sent, rows in the lake when sending ended, seconds to send and to catch up, memory
+    samples, and the rest (table health, CPU)."""
     lake = str(root / "lake")
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "IOT_LAKE_ROOT": lake,
            "IOT_TOPIC": "bench.telemetry", "IOT_PIPELINE_CHECKPOINT_ROOT": str(root / "cp"),
@@ -240,6 +314,13 @@ def run(
            "IOT_SPARK_MASTER": args.master, "IOT_SPARK_SHUFFLE_PARTITIONS": "2",
            "IOT_PIPELINE_TRIGGER_INTERVAL": "1 second", "IOT_SIM_DEVICES": str(args.devices),
            "IOT_SIM_PARTITIONS": "4"}  # fmt: skip
+    if args.cpu_by_query:
+        env["IOT_SPARK_UI_ENABLED"] = "true"
+        # Every job and stage of the run kept for the REST API (Spark keeps the last 1,000).
+        env["PYSPARK_SUBMIT_ARGS"] = (
+            "--conf spark.ui.retainedJobs=1000000 "
+            "--conf spark.ui.retainedStages=1000000 pyspark-shell"
+        )
     subprocess.run([sys.executable, "-m", "simulator", "registry", "create"], env=env,
                    check=True, capture_output=True)  # fmt: skip
     # The topics exist before the pipeline checks them: a zero-length simulator run.
@@ -251,12 +332,13 @@ def run(
                                 stdout=log, stderr=log, start_new_session=True)  # fmt: skip
     memory: list[tuple[float, float]] = []  # (unix time, MB)
     health: list[dict[str, Any]] = []
-    tree_memory = TreeMemory(pipeline.pid)
+    extra: dict[str, Any] = {"table_health": health}
+    tree = ProcessTree(pipeline.pid)
     try:
         while lake_rows(lake) < 1:  # the single warm-up message is through: it runs
             assert pipeline.poll() is None, (root / "pipeline.log").read_text()[-3000:]
             time.sleep(1)
-        tree_memory.sample_mb()  # learns the processes; from the next sample on they count
+        tree.mark()  # learns the processes; from the next sample on they count
         started = time.monotonic()
         simulator = subprocess.Popen(
             [sys.executable, "-m", "simulator", "simulate", "--rate", str(args.rate),
@@ -266,7 +348,7 @@ def run(
         next_health = time.monotonic() + (args.health_every or 0)
         while simulator.poll() is None:
             check_running(pipeline, root / "pipeline.log", simulator)
-            memory.append((time.time(), tree_memory.sample_mb()))
+            memory.append((time.time(), tree.sample_mb()))
             if args.health_every and time.monotonic() >= next_health:
                 health.append({"minute": round((time.monotonic() - started) / 60, 1),
                                **table_health(lake)})  # fmt: skip
@@ -279,20 +361,25 @@ def run(
         assert match, final
         sent = int(match.group(1).replace(",", "")) + 1  # and the warm-up message
         in_lake_at_end = lake_rows(lake)
+        extra["cpu_s_while_sending"] = tree.cpu_s()
         send_s = time.monotonic() - started
         deadline = time.monotonic() + args.drain
         while lake_rows(lake) < sent and time.monotonic() < deadline:
             check_running(pipeline, root / "pipeline.log")
-            memory.append((time.time(), tree_memory.sample_mb()))
+            memory.append((time.time(), tree.sample_mb()))
             time.sleep(5)
         drained_s = time.monotonic() - started
         time.sleep(30)  # the detection query finishes its last batches
+        tree.sample_mb()
+        extra["cpu_s"] = tree.cpu_s()
+        if args.cpu_by_query:
+            extra["executor_cpu_by_query"] = executor_cpu_by_query(lake)
     finally:
         stop(pipeline)
         log.close()
         if args.keep_log:
             args.keep_log.write_bytes((root / "pipeline.log").read_bytes())
-    return sent, in_lake_at_end, send_s, drained_s, memory, health
+    return sent, in_lake_at_end, send_s, drained_s, memory, extra
 
 
 def main() -> int:
@@ -312,12 +399,15 @@ def main() -> int:
     parser.add_argument("--keep-log", type=Path, default=None,
                         help="copy the pipeline's log here at the end (IOT_LOG_LEVEL=DEBUG in "
                         "the environment adds where each detection batch's time went)")  # fmt: skip
+    parser.add_argument("--cpu-by-query", action="store_true",
+                        help="start the Spark UI and report each query's executor CPU time "
+                        "from its REST API")  # fmt: skip
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="latbench-") as tmp:
         root = Path(tmp)
         with bench_broker(root / "kafka") as bootstrap:
-            sent, in_lake_at_end, send_s, drained_s, memory, health = run(root, bootstrap, args)
+            sent, in_lake_at_end, send_s, drained_s, memory, extra = run(root, bootstrap, args)
         lake = str(root / "lake")
 
         telemetry = pd.DataFrame(table_rows(lake, "telemetry", ["ingest_time", "kafka_timestamp"]))
@@ -353,7 +443,7 @@ def main() -> int:
                                 "max": round(max(mb for _, mb in memory)),
                                 "last": round(memory[-1][1])} if memory else None,
             "timeline": steps,
-            "table_health": health,
+            **extra,
         }  # fmt: skip
     print(json.dumps(result, indent=2))
     return 0

@@ -454,8 +454,11 @@ def write_alerts(
     side_by_side(partial(merge_alerts, spark, _concat(merged, withdrawn), path),
                  *([beside] if beside is not None else []))  # fmt: skip
     laps("MERGE and beside it")
-    log.debug("alerts written: %d appended, %d MERGEd, %d withdrawn; %s",
-              len(appended), len(merged), len(withdrawn), laps)  # fmt: skip
+    # Its types say which detector wrote (each writes its own).
+    types = sorted({*appended["alert_type"], *merged["alert_type"], *withdrawn["alert_type"]})
+    log.debug("alerts written (%s): %d appended, %d MERGEd, %d withdrawn; %s",
+              ", ".join(types) or "none", len(appended), len(merged), len(withdrawn),
+              laps)  # fmt: skip
     for part in (appended, after, withdrawn):
         written.remember(part)
     written.after_start = False

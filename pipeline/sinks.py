@@ -173,10 +173,10 @@ def is_write_conflict(exc: BaseException) -> bool:
 def retry_on_conflict(write: Callable[[], None], what: str, attempts: int = 5) -> None:
     """Run ``write``, again when it conflicted with a concurrent commit to the same table.
 
-    The pipeline's own writers to ``alerts`` never conflict (each writes its own partitions,
-    ``infra.contract.ALERTS_PARTITIONED_BY``), but another process can commit in between
-    (``iotfraud maintain`` compacting the table). A MERGE that lost commits nothing, and running
-    it again is safe because MERGEs on deterministic keys are idempotent.
+    The detectors' writes to ``alerts`` never conflict with each other (each writes its own
+    partitions, ``infra.contract.ALERTS_PARTITIONED_BY``), but a compaction can commit in between
+    (the pipeline's periodic maintenance, ``iotfraud maintain``). A MERGE that lost commits
+    nothing, and running it again is safe because MERGEs on deterministic keys are idempotent.
     """
     for attempt in range(1, attempts + 1):
         try:

@@ -87,7 +87,8 @@ def test_an_alerts_table_of_an_older_release_takes_the_status_column(
 
 def test_rows_the_driver_writes_land_in_one_file_per_commit(spark: SparkSession, lake: str) -> None:
     """The alerts a batch raises, their final values and the pipeline's metrics: a write of a
-    few rows held in the driver adds one file, not one per core (local[2] here: two)."""
+    few rows held in the driver adds one file (in ``alerts``, one per alert type it holds), not
+    one per core (local[2] here: two)."""
     import pandas as pd
 
     from infra import lake as tables

@@ -178,7 +178,7 @@ def test_one_detectors_merge_is_never_failed_by_anothers_appends(
 
     def detection() -> None:
         try:
-            for i in range(4):  # one before the MERGE, the others while it runs
+            for i in range(8):  # one before the MERGE, the others while it runs
                 if i and not merging.is_set():
                     return
                 rows = as_written(alerts((f"d{i}", 0.5, "40 events")), 2 + i, NOW)
@@ -236,6 +236,7 @@ def test_an_unpartitioned_alerts_table_is_partitioned_once_with_the_same_rows(
     ensure_table(spark, path, c.ALERTS_COLUMNS, c.ALERTS_PARTITIONED_BY)
     assert partitioning() == ["alert_type"]
     after = spark.read.format("delta").load(path).toPandas()
+    assert list(after.columns) == list(before.columns)
     by_id = ["alert_id"]
     assert_frame_equal(after[TABLE_COLUMNS].sort_values(by_id).reset_index(drop=True),
                        before[TABLE_COLUMNS].sort_values(by_id).reset_index(drop=True))  # fmt: skip

@@ -107,7 +107,8 @@ class ProcessTree:
             return "driver"
         return "jvm" if stat.split("(", 1)[1].rsplit(")", 1)[0] == "java" else "python_workers"
 
-    def sample_mb(self) -> float:
+    def sample(self) -> float:
+        """Record every process's CPU time; the resident memory now, in MB."""
         tree = self._tree()
         total_kb = 0
         for current in tree:
@@ -131,7 +132,7 @@ class ProcessTree:
 
     def mark(self) -> None:
         """CPU time counts from here."""
-        self.sample_mb()
+        self.sample()
         self._base = {pid: used for pid, (_, used) in self._cpu.items()}
 
     def cpu_s(self) -> dict[str, float]:
@@ -348,7 +349,7 @@ def run(
         next_health = time.monotonic() + (args.health_every or 0)
         while simulator.poll() is None:
             check_running(pipeline, root / "pipeline.log", simulator)
-            memory.append((time.time(), tree.sample_mb()))
+            memory.append((time.time(), tree.sample()))
             if args.health_every and time.monotonic() >= next_health:
                 health.append({"minute": round((time.monotonic() - started) / 60, 1),
                                **table_health(lake)})  # fmt: skip
@@ -366,11 +367,11 @@ def run(
         deadline = time.monotonic() + args.drain
         while lake_rows(lake) < sent and time.monotonic() < deadline:
             check_running(pipeline, root / "pipeline.log")
-            memory.append((time.time(), tree.sample_mb()))
+            memory.append((time.time(), tree.sample()))
             time.sleep(5)
         drained_s = time.monotonic() - started
         time.sleep(30)  # the detection query finishes its last batches
-        tree.sample_mb()
+        tree.sample()
         extra["cpu_s"] = tree.cpu_s()
         if args.cpu_by_query:
             extra["executor_cpu_by_query"] = executor_cpu_by_query(lake)

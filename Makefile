@@ -43,10 +43,12 @@ unit: $(STAMP) ## the fast loop: unit tests only
 
 # The bounded demo first, alone: its alerts are what a user sees on a machine that runs only the
 # demo (beside another test's Spark job they lagged by minutes, and two more model alerts stood).
-# Then two workers: much of an integration test's time is waiting (a simulator streaming in real
-# time, a broker restarting), which the other worker's test fills; each worker has its own broker
-# and SparkSession. More would run more JVMs than two cores carry. worksteal: a worker that runs
-# out takes half of what the other has left, so the long tests (first) never end the run alone.
+# Then three workers on the two cores: much of an integration test's time is waiting (a simulator
+# streaming in real time, a broker restarting, a query's trigger), which the others' tests fill;
+# each worker has its own broker and SparkSession. The same suite took 2,721 s with two workers
+# and about 2,170 s with three, every test passing (docs/PERFORMANCE.md). worksteal: a worker that
+# runs out takes half of what another has left, so the long tests (first) never end the run
+# alone.
 # The two steps share the suite's 45 minutes: the demo's step has at most 12 of them, the second
 # step whatever the first left (a demo done in 8 minutes leaves it 37).
 # The rest runs its JVMs (Spark, brokers) with the client compiler only: they live for seconds
@@ -58,7 +60,7 @@ test: setup test-deps lint typecheck ## set everything up and run the whole suit
 	start=$$(date +%s); \
 	$(BIN)/pytest -q -m e2e -o session_timeout=720 && \
 	JAVA_TOOL_OPTIONS="$(TEST_JVM)" \
-	  $(BIN)/pytest -q -m "not e2e" -n 2 --dist worksteal \
+	  $(BIN)/pytest -q -m "not e2e" -n 3 --dist worksteal \
 	    -o session_timeout=$$(( $(SUITE_S) - $$(date +%s) + start ))
 
 clean: ## stop the local stack and remove local state (keeps the jar cache)

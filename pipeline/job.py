@@ -539,25 +539,45 @@ def run_available_now(
     settings: PipelineSettings,
     on_scoring: Callable[[pd.DataFrame], None] | None = None,
 ) -> Pipeline:
-    """Catch up on everything available, one stage after the other, then return."""
+    """Catch up on everything available, then return. Two stages: the queries that read only
+    the sources (the ingests, silence), then those that read what the ingests wrote (detection
+    reads ``quarantine``, the firmware join ``telemetry`` and ``firmware_updates``). The queries
+    of a stage run side by side: a query spends much of a batch planning and committing on the
+    driver, time in which the other's tasks use the cores; and each detector writes its own
+    partitions of ``alerts`` (``infra.contract.ALERTS_PARTITIONED_BY``)."""
     settings = settings.model_copy(update={"trigger": "available_now"})
     pipeline = prepare(spark, settings, on_scoring)
     try:
+        sources = [pipeline.start_ingest]
         if pipeline.checks_firmware:
-            pipeline.start_firmware_ingest().awaitTermination()
-        pipeline.start_ingest().awaitTermination()
-        pipeline.start_detection().awaitTermination()
-        pipeline.finish_detection()
+            sources.append(pipeline.start_firmware_ingest)
         if settings.silence:
-            pipeline.start_silence().awaitTermination()
+            sources.append(pipeline.start_silence)
+        _side_by_side(pipeline, sources)
+        readers = [pipeline.start_detection]
         if pipeline.checks_firmware:
-            pipeline.start_firmware().awaitTermination()
+            readers.append(pipeline.start_firmware)
+        _side_by_side(pipeline, readers)
+        pipeline.finish_detection()
     finally:
         pipeline.flush_metrics()
         spark.streams.removeListener(pipeline.listener)
         if pipeline.publisher is not None:
             pipeline.publisher.close()
     return pipeline
+
+
+def _side_by_side(pipeline: Pipeline, starts: list[Callable[[], StreamingQuery]]) -> None:
+    """Start the queries of ``starts`` and wait until each has ended. When one fails, or a start
+    does, the others are stopped first: no query outlives a failed catch-up."""
+    try:
+        for query in [start() for start in starts]:
+            query.awaitTermination()
+    except BaseException:
+        for query in pipeline.queries:
+            if query.isActive:
+                query.stop()
+        raise
 
 
 def run_until_stopped(

@@ -6,6 +6,8 @@ Each test gets its own topic, lake folder and checkpoint folder.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +21,13 @@ from infra.settings import SparkSettings, StackSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The stack's state (log file, broker folders) of every command a test runs goes to a
+    temporary folder unless the test names one: never into the checkout's ``.iotfraud``, where a
+    user's own runs keep theirs."""
+    os.environ.setdefault("IOT_STACK_STATE_DIR", tempfile.mkdtemp(prefix="iotfraud-tests-"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -45,10 +45,10 @@ unit: $(STAMP) ## the fast loop: unit tests only
 # demo (beside another test's Spark job they lagged by minutes, and two more model alerts stood).
 # Then three workers on the two cores: much of an integration test's time is waiting (a simulator
 # streaming in real time, a broker restarting, a query's trigger), which the others' tests fill;
-# each worker has its own broker and SparkSession. The same suite took 2,721 s with two workers
-# and about 2,170 s with three, every test passing (docs/PERFORMANCE.md). worksteal: a worker that
-# runs out takes half of what another has left, so the long tests (first) never end the run
-# alone.
+# each worker has its own broker and SparkSession. On one VM the step took 2,721 s on two workers
+# and 2,503 s on three, every test passing; the cores were then full (docs/PERFORMANCE.md).
+# worksteal: a worker that runs out takes half of what another has left, so the long tests
+# (first) never end the run alone.
 # The two steps share the suite's 45 minutes: the demo's step has at most 12 of them, the second
 # step whatever the first left (a demo done in 8 minutes leaves it 37).
 # The rest runs its JVMs (Spark, brokers) with the client compiler only: they live for seconds

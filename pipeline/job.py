@@ -553,11 +553,11 @@ def run_available_now(
             sources.append(pipeline.start_firmware_ingest)
         if settings.silence:
             sources.append(pipeline.start_silence)
-        _side_by_side(pipeline, sources)
+        _run_stage(pipeline, sources)
         readers = [pipeline.start_detection]
         if pipeline.checks_firmware:
             readers.append(pipeline.start_firmware)
-        _side_by_side(pipeline, readers)
+        _run_stage(pipeline, readers)
         pipeline.finish_detection()
     finally:
         pipeline.flush_metrics()
@@ -567,7 +567,7 @@ def run_available_now(
     return pipeline
 
 
-def _side_by_side(pipeline: Pipeline, starts: list[Callable[[], StreamingQuery]]) -> None:
+def _run_stage(pipeline: Pipeline, starts: list[Callable[[], StreamingQuery]]) -> None:
     """Start the queries of ``starts`` and wait until each has ended. When one fails, or a start
     does, the others are stopped first: no query outlives a failed catch-up."""
     try:

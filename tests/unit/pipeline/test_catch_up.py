@@ -15,7 +15,7 @@ from pipeline.settings import PipelineSettings
 
 @dataclass
 class Query:
-    """What ``_side_by_side`` uses of a StreamingQuery; a failed one raises when awaited."""
+    """What ``_run_stage`` uses of a StreamingQuery; a failed one raises when awaited."""
 
     name: str
     error: Exception | None = None
@@ -43,7 +43,7 @@ def test_a_failed_query_stops_the_others_and_its_error_is_raised() -> None:
     pipeline = job.Pipeline(None, PipelineSettings(), None)  # type: ignore[arg-type]
     failed, other = Query(job.INGEST, RuntimeError("bad offsets")), Query(job.SILENCE)
     with pytest.raises(RuntimeError, match="bad offsets"):
-        job._side_by_side(pipeline, [starting(pipeline, failed), starting(pipeline, other)])  # type: ignore[list-item]
+        job._run_stage(pipeline, [starting(pipeline, failed), starting(pipeline, other)])  # type: ignore[list-item]
     assert other.stopped and not other.isActive
 
 
@@ -55,12 +55,12 @@ def test_a_start_that_fails_stops_the_queries_started_before_it() -> None:
         raise ValueError("no such topic")
 
     with pytest.raises(ValueError, match="no such topic"):
-        job._side_by_side(pipeline, [starting(pipeline, started), cannot_start])  # type: ignore[list-item]
+        job._run_stage(pipeline, [starting(pipeline, started), cannot_start])  # type: ignore[list-item]
     assert started.stopped
 
 
 def test_queries_that_end_leave_nothing_to_stop() -> None:
     pipeline = job.Pipeline(None, PipelineSettings(), None)  # type: ignore[arg-type]
     queries = [Query(job.INGEST), Query(job.SILENCE)]
-    job._side_by_side(pipeline, [starting(pipeline, q) for q in queries])  # type: ignore[misc]
+    job._run_stage(pipeline, [starting(pipeline, q) for q in queries])  # type: ignore[misc]
     assert [q.stopped for q in queries] == [False, False]

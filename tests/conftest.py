@@ -32,8 +32,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest tests first: those with a longer time limit than the default (the longest
-    limit first), then the others marked slow. Under ``make test``'s three workers, a long test
-    left for the end would run there alone while the other workers idle."""
+    limit first), then the others marked slow. Under ``make test``'s two workers, a long test
+    left for the end would run there alone while the other worker idles."""
 
     def length(item: pytest.Item) -> tuple[float, bool]:
         marker = item.get_closest_marker("timeout")

@@ -45,8 +45,8 @@ unit: $(STAMP) ## the fast loop: unit tests only
 # demo (beside another test's Spark job they lagged by minutes, and two more model alerts stood).
 # Then two workers on the two cores, each with its own broker and SparkSession; much of an
 # integration test's time is waiting (a simulator streaming in real time, a broker restarting),
-# which the other worker's tests fill. Three workers gained 8 % on one VM, not on CI, where two
-# tests then ran past their deadlines (docs/PERFORMANCE.md).
+# which the other worker's tests fill. A third worker only slowed every test down, until two ran
+# past their deadlines on CI (docs/PERFORMANCE.md).
 # worksteal: a worker that runs out takes half of what another has left, so the long tests
 # (first) never end the run alone.
 # The two steps share the suite's 45 minutes: the demo's step has at most 12 of them, the second

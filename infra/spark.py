@@ -24,6 +24,9 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 # one session; a query started in ALERTS_POOL (``scheduler_pool``) gets them first.
 SCHEDULER_POOLS = Path(__file__).with_name("scheduler_pools.xml")
 ALERTS_POOL = "alerts"
+# Generated classes the session keeps compiled (Spark's default: 100). A few kilobytes of
+# metaspace each; the running pipeline compiles more than 100 within a few batches.
+CODEGEN_CACHE_ENTRIES = 1000
 
 
 def default_shuffle_partitions() -> int:
@@ -51,6 +54,11 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         # turns the VACUUM of a small table into tens of thousands of tasks.
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(partitions),
         "spark.sql.adaptive.enabled": "false",
+        # Compiled query code, shared by all queries. Spark keeps 100 classes; the pipeline's
+        # queries and Delta's commits in their batches use more, so the cache evicted code still
+        # in use, and every batch waited for it to be compiled again (and the JVM's compilers
+        # then compiled the new classes once more).
+        "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
         # Detection runs on the driver in pandas: window rows cross to it through Arrow.
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # The firmware join's update stream is quiet most of the time: with the default (min)

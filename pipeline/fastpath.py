@@ -57,6 +57,7 @@ from pipeline.rules import (
     ROGUE_REASON,
     SEVERITY,
 )
+from pipeline.transforms import now
 
 # Timestamps in messages: UTC ISO 8601 to the microsecond, as ``pipeline.publish`` writes them
 # (the session time zone is UTC).
@@ -77,12 +78,6 @@ def alert_id(device_id: Column, alert_type: Column, window_start: Column) -> Col
     """``pipeline.alerts.alert_id_of`` as a Spark column."""
     start = F.date_format(window_start, "yyyy-MM-dd HH:mm:ss")
     return F.sha2(F.concat_ws("|", device_id, alert_type, start), 256)
-
-
-def _now() -> Column:
-    # current_timestamp() is fixed for a whole batch, and a Real-time Mode batch lasts minutes.
-    millis = F.expr("reflect('java.lang.System', 'currentTimeMillis')").cast("long")
-    return F.timestamp_millis(millis)
 
 
 def fast_alerts(events: DataFrame, devices: DataFrame, *, window_s: int, slide_s: int) -> DataFrame:
@@ -142,7 +137,7 @@ def fast_alerts(events: DataFrame, devices: DataFrame, *, window_s: int, slide_s
         "first_event_time": F.col("_at"),
         "last_event_time": F.col("_at"),
         "status": F.lit(c.ALERT_RAISED),
-        "detected_at": _now(),
+        "detected_at": now(),
         "batch_id": F.lit(None).cast("long"),
         PATH: F.lit(FAST),
         **{name: F.col(name) for name in EVENT_FIELDS},

@@ -29,6 +29,7 @@ from pipeline import columns as col
 from pipeline.alerts import Publish, alert_frame, upsert_alerts
 from pipeline.features import firmware_differs, with_device
 from pipeline.sinks import idempotent_append, side_by_side
+from pipeline.transforms import now
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def parse_firmware_updates(raw: DataFrame) -> DataFrame:
         not_object.alias("_not_object"),
         missing.alias("_missing"),
         wrong.alias("_wrong"),
-        F.current_timestamp().alias("ingest_time"),
+        now().alias("ingest_time"),
     )
     reason = (
         F.when(F.col("_not_object"), F.lit(c.REASON_INVALID_JSON))

@@ -44,6 +44,20 @@ MIN_EVENT_TIME = "2000-01-01 00:00:00"
 _ZONED_TIME = r"\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d(:?\d\d)?)$"
 
 
+def now() -> Column:
+    """The time now, read for each row as Spark evaluates it.
+
+    Not ``current_timestamp()``: Spark replaces that with a literal of the query's (or the
+    micro-batch's) start, and a literal is part of the code Spark generates and compiles for the
+    query. Every micro-batch of every query that parses would then be new code, compiled again
+    before it could run (the parse is thousands of lines of Java), which no cache of compiled
+    code can save. A Real-time Mode batch lasts minutes, so the fast path needs each event's own
+    time anyway.
+    """
+    millis = F.expr("reflect('java.lang.System', 'currentTimeMillis')").cast("long")
+    return F.timestamp_millis(millis)
+
+
 def _number_text(raw: Column) -> Column:
     """A number field's JSON text, with a number a double cannot hold unquoted."""
     return F.when(raw.isin(*_QUOTED_NON_FINITE), F.btrim(raw, F.lit('"'))).otherwise(raw)
@@ -143,7 +157,7 @@ def parse_events(
     typed_df = decoded.select(
         "*",
         *(expr.alias(name) for name, expr in typed.items()),
-        F.current_timestamp().alias("ingest_time"),
+        now().alias("ingest_time"),
     )
 
     def absent(name: str) -> Column:
@@ -229,7 +243,7 @@ def parse_events(
 def clock_ahead(event_time: Column, max_clock_ahead: str) -> Column:
     """``event_time`` is more than ``max_clock_ahead`` after its raw record's Kafka timestamp
     (``parse_events``: the time it was produced): the device's clock runs ahead."""
-    sent = F.coalesce(F.col(col.TIMESTAMP), F.current_timestamp())
+    sent = F.coalesce(F.col(col.TIMESTAMP), now())
     return event_time > sent + F.expr(f"INTERVAL {max_clock_ahead}")
 
 

@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
-from pyspark.sql import SparkSession
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
 
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from pipeline.firmware import parse_firmware_updates
 from pipeline.job import session_conf
+from pipeline.transforms import parse_events, senders
+
+RAW_DDL = "key string, value binary, topic string, partition int, offset long, timestamp timestamp"
+
+
+def compilation_count(spark: SparkSession) -> Any:
+    """Spark's count of the code it compiled (Janino), over the JVM's life."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    return jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+
+
+@contextmanager
+def generated_code(spark: SparkSession) -> Iterator[None]:
+    """The session compiles its queries' code, as the pipeline's does: the test step runs Spark's
+    expressions interpreted (tests/spark-conf)."""
+    with (
+        session_conf(spark, "spark.sql.codegen.factoryMode", "CODEGEN_ONLY"),
+        session_conf(spark, "spark.sql.codegen.wholeStage", "true"),
+    ):
+        yield
+
 
 # More distinct compiled queries than Spark's default cache of generated classes (100) holds.
 DISTINCT_QUERIES = 150
@@ -22,20 +52,14 @@ def test_code_compiled_once_is_not_compiled_again_while_many_queries_run(
 
     Here: 20 queries compiled, then 150 others, then the first 20 again. Their code must come
     from the cache. With the default cache size, all 20 are compiled again."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    compilations = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    compilations = compilation_count(spark)
 
     def run(i: int) -> None:
         # A literal is part of the generated code: each i is code of its own.
         rows = spark.range(3).selectExpr(f"id * {i} + {i} AS v").collect()
         assert [row.v for row in rows] == [i, 2 * i, 3 * i]
 
-    # The test step runs Spark's expressions interpreted (tests/spark-conf); the pipeline does not.
-    with (
-        session_conf(spark, "spark.sql.codegen.factoryMode", "CODEGEN_ONLY"),
-        session_conf(spark, "spark.sql.codegen.wholeStage", "true"),
-    ):
+    with generated_code(spark):
         before = compilations.getCount()
         for i in range(1, 21):
             run(i)
@@ -57,3 +81,27 @@ def test_code_compiled_once_is_not_compiled_again_while_many_queries_run(
             "generated classes is smaller than the queries' code (spark.sql.codegen.cache."
             "maxEntries)"
         )
+
+
+@pytest.mark.parametrize(
+    "parse", [parse_events, senders, parse_firmware_updates], ids=lambda f: f.__name__
+)
+def test_a_parse_run_again_compiles_nothing(
+    spark: SparkSession, tmp_path: Path, parse: Callable[[DataFrame], DataFrame]
+) -> None:
+    """Every micro-batch plans its query again, and its code comes from the cache when it is the
+    code of the batch before. The parses are the largest (thousands of lines of Java). A value in
+    them that changes from one run to the next (``current_timestamp()`` did: Spark makes it a
+    literal of the run's time) is new code every batch, compiled before the batch can run."""
+    sent = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+    values = [b'{"device_id": "dev-1", "event_time": "2026-12-02T12:00:00Z"}', b"{}", b"not json"]
+    path = str(tmp_path / "raw")
+    rows = [("dev-1", v, "t", 0, i, sent) for i, v in enumerate(values)]
+    spark.createDataFrame(rows, RAW_DDL).write.parquet(path)  # a scan Spark compiles code for
+    compilations = compilation_count(spark)
+    with generated_code(spark):
+        parse(spark.read.parquet(path)).collect()
+        first = compilations.getCount()
+        again = parse(spark.read.parquet(path)).collect()
+        assert compilations.getCount() == first, "the second run compiled its code again"
+    assert len(again) == len(values)

@@ -104,6 +104,8 @@ def build_spark_session(
     builder = SparkSession.builder.appName(app_name).master(settings.master)
     for key, value in conf.items():
         builder = builder.config(key, value)
+    # PySpark starts the JVM unless one started this process (spark-submit).
+    starts_jvm = "PYSPARK_GATEWAY_PORT" not in os.environ
     with jvm_output() as log_file:
         try:
             spark = builder.getOrCreate()
@@ -111,12 +113,32 @@ def build_spark_session(
             if log_file is not None:
                 log.error("Spark did not start; its output is in %s", log_file)
             raise
+    if starts_jvm:
+        leave_stop_signals_to_python(spark)
     spark.sparkContext.setLogLevel("WARN")
     log.info(
         "SparkSession %s on %s (%s shuffle partitions)",
         app_name, settings.master, spark.conf.get("spark.sql.shuffle.partitions"),
     )  # fmt: skip
     return spark
+
+
+def leave_stop_signals_to_python(spark: SparkSession) -> None:
+    """Have the driver JVM that PySpark started ignore SIGTERM and SIGHUP (PySpark already has it
+    ignore SIGINT, Ctrl-C).
+
+    A stop sent to the whole process group (``kill -- -PGID``) or control group (systemd's default
+    ``KillMode``) reached the JVM too. It shut down under the Python driver, which was still
+    stopping its queries: the stop was unclean and the command exited 1. The Python process
+    stops Spark itself on those signals, and the JVM still ends with it: PySpark's gateway exits
+    when its Python process's pipe closes, even on SIGKILL.
+
+    Not for a JVM that started this process (spark-submit): there the JVM is the process a
+    container's stop signal reaches, and its own shutdown stops the queries."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    for name in ("TERM", "HUP"):
+        jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal(name), jvm.sun.misc.SignalHandler.SIG_IGN)
 
 
 @contextmanager

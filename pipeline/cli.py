@@ -107,6 +107,7 @@ def run(
                 log.warning(warning)
 
         job.run_until_stopped(pipeline, stop, on_status=on_status, drain=drain)
+    log.info("pipeline stopped")
     return 0
 
 

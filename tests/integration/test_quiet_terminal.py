@@ -8,6 +8,8 @@ micro-batch), ``[Stage 12:>  (0 + 2) / 2]`` bars and MLflow's warnings.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -31,10 +33,17 @@ JVM_LINE = re.compile(r"^\S+ \S+ (WARN|ERROR) +[\w$]+: ", re.MULTILINE)
 
 
 def run_pipeline(
-    tmp_path: Path, bootstrap: str, topic: str, *options: str, until: str = "ingest: batch"
+    tmp_path: Path,
+    bootstrap: str,
+    topic: str,
+    *options: str,
+    until: str = "ingest: batch",
+    whole_group: bool = False,
 ) -> str:
     """``iotfraud pipeline [options] run`` until its terminal shows ``until`` (by default, its
-    progress line an ingest micro-batch), then SIGTERM; what it printed (stdout and stderr)."""
+    progress line an ingest micro-batch), then SIGTERM (``whole_group``: to every process of its
+    process group, the JVM and Spark's Python workers included, as systemd's stop does); what it
+    printed (stdout and stderr)."""
     write_registry(str(tmp_path / "lake"), ["dev-1"])
     start = datetime.now(timezone.utc) - timedelta(minutes=30)
     produce(bootstrap, topic, encoded(device_series("dev-1", start, 30)))
@@ -43,7 +52,7 @@ def run_pipeline(
     with terminal.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "iotfraud", "pipeline", *options, "run"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+            env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
     deadline = time.monotonic() + 180
     try:
@@ -51,12 +60,15 @@ def run_pipeline(
             assert proc.poll() is None, terminal.read_text()[-3000:]
             assert time.monotonic() < deadline, "no progress line\n" + terminal.read_text()[-3000:]
             time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
+        if whole_group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # what is left of the group
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     output = terminal.read_text()
     assert proc.returncode == 0, output[-3000:]
     return output
@@ -66,10 +78,12 @@ def run_pipeline(
 def test_the_terminal_shows_progress_and_names_the_log_file(
     tmp_path: Path, bootstrap: str, make_topic: Callable[..., str]
 ) -> None:
-    quiet = run_pipeline(tmp_path / "quiet", bootstrap, make_topic())
+    quiet = run_pipeline(tmp_path / "quiet", bootstrap, make_topic(), whole_group=True)
 
-    # SIGTERM stopped it cleanly (exit status 0, in run_pipeline), once its first batch was in.
+    # SIGTERM to all its processes (the JVM's did not stop under it) stopped it cleanly (exit
+    # status 0, in run_pipeline), once its first batch was in.
     assert "received SIGTERM" in quiet
+    assert "pipeline stopped" in quiet
     telemetry = DeltaTable(str(tmp_path / "quiet" / "lake" / "telemetry"))
     assert telemetry.to_pyarrow_table().num_rows == 30
     assert "ingest: batch" in quiet  # the pipeline's own progress line

@@ -29,6 +29,7 @@ from infra import contract as c
 from infra import lake
 from pipeline import columns as col
 from pipeline.dedup import Bools, Int64s, SeenEvents
+from pipeline.metrics import Laps
 from pipeline.settings import seconds
 from pipeline.sinks import checkpoint_id, idempotent_append, side_by_side
 from pipeline.transforms import event_key, quarantined, valid_events
@@ -120,7 +121,8 @@ class IngestBatchWriter:
         quarantine_path = lake.table_path(self.lake_root, lake.QUARANTINE)
         if self.held is None:
             self.start(spark, new_checkpoint=batch_id == 0)
-        marked = self.mark_new_events(batch)
+        laps = Laps()
+        marked = self.mark_new_events(batch, laps)
         new_events = valid_events(marked.rows.where(F.col("is_new")))
         duplicates = marked.rows.where(F.col("reason").isNull() & ~F.col("is_new")).withColumns(
             {
@@ -137,8 +139,11 @@ class IngestBatchWriter:
             lambda: idempotent_append(rejected, quarantine_path, f"{self.app_id}-quarantine",
                                       batch_id, rows=marked.rejected),
         )  # fmt: skip
+        laps("appends")
         # Only once both are committed: a batch that failed is decided again from the same state.
         self.state(spark).add(*marked.kept, marked.times)
+        log.debug("ingest batch %d: %d new, %d rejected; %s", batch_id, marked.new,
+                  marked.rejected, laps)  # fmt: skip
 
     def start(self, spark: SparkSession, *, new_checkpoint: bool) -> None:
         """Name the appends after the checkpoint and read what the tables hold: all of it under
@@ -161,14 +166,16 @@ class IngestBatchWriter:
                      self.dedup_horizon)  # fmt: skip
         return self.seen
 
-    def mark_new_events(self, parsed: DataFrame) -> MarkedBatch:
+    def mark_new_events(self, parsed: DataFrame, laps: Laps | None = None) -> MarkedBatch:
         """Materialise the batch once and decide which valid rows are new events.
 
         Only a few numbers per valid row travel to the driver, and only the copies found (usually
         none) travel back, so the decision costs no shuffle and no read of ``telemetry``.
         """
         spark = parsed.sparkSession
+        laps = laps or Laps()
         batch = parsed.withColumn(_ROW, F.monotonically_increasing_id()).localCheckpoint(eager=True)
+        laps("read and parse")
         keys = (
             batch.where(F.col(col.REASON).isNull())
             .select(
@@ -182,6 +189,7 @@ class IngestBatchWriter:
             )
             .toArrow()
         )
+        laps("keys to the driver")
         rows, key, times, coord, partition, offset = (
             keys.column(name).to_numpy()
             for name in (_ROW, "key", "time", "coord", "partition", "offset")
@@ -208,6 +216,7 @@ class IngestBatchWriter:
             marked, is_new_col = batch, F.when(valid, F.lit(True))
         new = is_new & ~held
         invalid = batch.count() - len(rows) - len(held_invalid)
+        laps("decide")
         return MarkedBatch(
             rows=marked.select(*parsed.columns, is_new_col.alias("is_new")),
             new=int(new.sum()),

@@ -61,6 +61,7 @@ from typing import Any
 import pandas as pd
 from bench_broker import bench_broker
 
+from infra.logs import log_file
 from iotfraud.demo import alert_latency, table_rows
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -314,7 +315,9 @@ def run(
            "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'none.db'}",
            "IOT_SPARK_MASTER": args.master, "IOT_SPARK_SHUFFLE_PARTITIONS": "2",
            "IOT_PIPELINE_TRIGGER_INTERVAL": "1 second", "IOT_SIM_DEVICES": str(args.devices),
-           "IOT_SIM_PARTITIONS": "4"}  # fmt: skip
+           "IOT_SIM_PARTITIONS": "4",
+           # The log file (Spark's lines, the project's DEBUG lines) in the run's folder.
+           "IOT_STACK_STATE_DIR": str(root / "state")}  # fmt: skip
     if args.cpu_by_query:
         env["IOT_SPARK_UI_ENABLED"] = "true"
         # Every job and stage of the run kept for the REST API (Spark keeps the last 1,000).
@@ -379,7 +382,12 @@ def run(
         stop(pipeline)
         log.close()
         if args.keep_log:
-            args.keep_log.write_bytes((root / "pipeline.log").read_bytes())
+            # The terminal's lines (progress, warnings), then the log file's.
+            logged = log_file(root / "state")
+            args.keep_log.write_bytes(
+                (root / "pipeline.log").read_bytes()
+                + (logged.read_bytes() if logged.exists() else b"")
+            )
     return sent, in_lake_at_end, send_s, drained_s, memory, extra
 
 
@@ -398,8 +406,9 @@ def main() -> int:
     parser.add_argument("--health-every", type=float, default=0,
                         help="seconds between table-health samples (0: none)")  # fmt: skip
     parser.add_argument("--keep-log", type=Path, default=None,
-                        help="copy the pipeline's log here at the end (IOT_LOG_LEVEL=DEBUG in "
-                        "the environment adds where each detection batch's time went)")  # fmt: skip
+                        help="copy the pipeline's terminal and log file here at the end "
+                        "(IOT_LOG_LEVEL=DEBUG in the environment adds where each ingest and "
+                        "detection batch's time went)")  # fmt: skip
     parser.add_argument("--cpu-by-query", action="store_true",
                         help="start the Spark UI and report each query's executor CPU time "
                         "from its REST API")  # fmt: skip

@@ -42,8 +42,8 @@ def run_pipeline(
 ) -> str:
     """``iotfraud pipeline [options] run`` until its terminal shows ``until`` (by default, its
     progress line an ingest micro-batch), then SIGTERM (``whole_group``: to every process of its
-    process group, the JVM and Spark's Python workers included, as systemd's stop does); what it
-    printed (stdout and stderr)."""
+    process group, Spark's JVM included, as ``kill -- -PGID`` does); what it printed (stdout and
+    stderr)."""
     write_registry(str(tmp_path / "lake"), ["dev-1"])
     start = datetime.now(timezone.utc) - timedelta(minutes=30)
     produce(bootstrap, topic, encoded(device_series("dev-1", start, 30)))

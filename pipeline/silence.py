@@ -61,6 +61,16 @@ Semantics (``Partition``, pure and tested without Spark):
   however it is seen: the clock passing it, or the device's next reading. A silence is not
   learned as a gap; it raises the longest gap only up to the threshold it passed
   (``Device.remember_silence``), so pauses that come back become normal in a few rounds.
+- **The feed's silence is not a device's.** A span in which a partition brought nothing at all,
+  longer than a device's threshold, seen when a reading moves the clock over it (the stream's
+  watermark did not move it meanwhile: no partition brought anything newer, or its devices would
+  have been found overdue on the way), is not counted in that device's silence, nor learned as
+  its gap: its deadline moves on by the span. A fleet does not fall silent as one; a producer
+  stopped, a network cut upstream of Kafka, or the demo run again an hour later do, and raising
+  ``device_silent`` for every device then would bury the devices that are. A partition whose
+  feed stops while the others flow is different: the watermark moves, its timer fires, and its
+  devices are silent, as they are to anyone watching. So a fleet of one device, whose every gap
+  is the whole feed's, shows a silence only through the watermark of other partitions.
 - Heard from: a reading's event time, or the partition's time when it arrived if that is later
   (a reading behind the stream still says the device is alive now). A record whose event time
   is ahead of its Kafka timestamp (a clock ahead, ``PipelineSettings.max_clock_ahead``) says
@@ -165,7 +175,8 @@ class Device:
 
     device_type: str | None = None
     last_ms: int | None = None  # its latest reading
-    heard_ms: int | None = None  # when it was last heard from (see the module docstring)
+    # When it was last heard from (see the module docstring), moved on by the feed's gaps since.
+    heard_ms: int | None = None
     gaps: int = 0  # gaps learned
     interval_ms: float = math.nan  # expected interval; NaN: the prior's
     longest_ms: float = 0.0  # longest recent normal gap
@@ -178,6 +189,8 @@ class Device:
     burst_to_ms: int | None = None
     burst_readings: int = 0
     burst_behind_ms: int = 0  # how far behind the stream its oldest reading arrived
+    # The feed's gaps since its latest reading: left out of the next gap it learns.
+    paused_ms: int = 0
 
     def interval(self, spec: SilenceSpec) -> float:
         return spec.prior_ms(self.device_type) if math.isnan(self.interval_ms) else self.interval_ms
@@ -211,6 +224,7 @@ class Device:
 
 
 _DEVICE_FIELDS = [f.name for f in fields(Device)]
+_DEVICE_DEFAULTS = {f.name: f.default for f in fields(Device)}
 _DEVICE_SCHEMA = pa.schema(
     [("device_id", pa.string()), ("device_type", pa.string())]
     + [(name, pa.int64()) for name in _DEVICE_FIELDS if name.endswith("_ms") and name not in
@@ -238,9 +252,15 @@ def unpack(value: bytes | None) -> dict[str, Device]:
     if not value:
         return {}
     columns = pa.ipc.open_stream(pa.py_buffer(value)).read_all().to_pydict()
+    ids = columns.pop("device_id")
+    # A field added since the state was written (a checkpoint of an older version) takes its
+    # default.
+    for name in _DEVICE_FIELDS:
+        if name not in columns:
+            columns[name] = [_DEVICE_DEFAULTS[name]] * len(ids)
     # Column by column, and Device's fields by position: every batch loads every device of
     # the partition, and row dicts with keyword arguments cost several times as much.
-    ids, values = columns.pop("device_id"), [columns[name] for name in _DEVICE_FIELDS]
+    values = [columns[name] for name in _DEVICE_FIELDS]
     return {device_id: Device(*row) for device_id, *row in zip(ids, *values, strict=True)}
 
 
@@ -271,6 +291,7 @@ class Partition:
 
     def read(self, device_id: str, ts: int, device_type: str | None) -> list[dict[str, Any]]:
         """A registered device's reading at event time ``ts``, the next in the partition."""
+        self._pause(ts)
         spec, now = self.spec, self.now_ms
         d = self.devices.setdefault(device_id, Device(device_type=device_type))
         seen = ts if now is None else max(ts, now)
@@ -284,8 +305,8 @@ class Partition:
             changes.append(self._silence(device_id, d, end_ms=seen, ended_by=ENDED_BY_READING))
             d.remember_silence(seen - d.silent_from_ms)
             d.silent_from_ms = d.silent_seen_ms = d.silent_threshold_ms = None
-        elif d.last_ms is not None and ts > d.last_ms:
-            d.learn(ts - d.last_ms, spec)
+        elif d.last_ms is not None and ts - d.last_ms > d.paused_ms:
+            d.learn(ts - d.last_ms - d.paused_ms, spec)
         newer = d.last_ms is None or ts > d.last_ms
         if now is not None and ts < now and newer:
             if d.burst_from_ms is None:
@@ -297,7 +318,8 @@ class Partition:
         elif now is None or ts >= now:
             d.burst_from_ms = d.burst_to_ms = None
             d.burst_readings = d.burst_behind_ms = 0
-        d.last_ms = ts if d.last_ms is None else max(d.last_ms, ts)
+        if d.last_ms is None or ts > d.last_ms:
+            d.last_ms, d.paused_ms = ts, 0
         d.heard_ms = seen if d.heard_ms is None else max(d.heard_ms, seen)
         self._follow(d)
         if self.clock_ms is None or ts > self.clock_ms:
@@ -324,6 +346,7 @@ class Partition:
     def pass_by(self, ts: int) -> list[dict[str, Any]]:
         """A reading of a device not followed (not registered): only the clock moves."""
         if self.clock_ms is None or ts > self.clock_ms:
+            self._pause(ts)
             return self._advance(ts)
         return []
 
@@ -340,6 +363,19 @@ class Partition:
         if self.clock_ms is not None and stream_ms <= self.clock_ms:
             return []
         return self._advance(stream_ms)
+
+    def _pause(self, ts: int) -> None:
+        """A reading at ``ts`` is about to move the clock. If the partition brought nothing for
+        longer than a device's threshold before it, that span is the feed's silence, not the
+        device's (module docstring): its deadline moves on by the span."""
+        # No deadline before ts (``_due_from`` is a lower bound): the span was nobody's silence.
+        if self.clock_ms is None or ts <= self.clock_ms or ts <= self._due_from:
+            return
+        gap = ts - self.clock_ms
+        for d in self.devices.values():
+            if d.deadline_ms(self.spec) is not None and gap > d.threshold_ms(self.spec):
+                d.heard_ms = (d.heard_ms or 0) + gap
+                d.paused_ms += gap
 
     def _follow(self, d: Device) -> None:
         """``d``'s deadline moved: the partition's earliest may be it."""

@@ -66,12 +66,22 @@ class Feed:
     def __call__(self, *readings: tuple[str, float]) -> list[dict[str, Any]]:
         return step(self.partition, self.rows(*readings))
 
+    def stream_to(self, second: float, every_s: float = 10.0) -> list[dict[str, Any]]:
+        """The stream moving on to ``second``: an unregistered device's readings every
+        ``every_s`` from the partition's clock (a feed that goes quiet as a whole is another
+        matter: ``test_a_span_in_which_the_whole_partition_was_quiet_is_nobodys_silence``)."""
+        clock = (self.partition.clock_ms - T0) / 1000 if self.partition.clock_ms else 0.0
+        times = [clock + every_s * k for k in range(1, int((second - clock) // every_s) + 1)]
+        return self(*(("rogue-1", t) for t in [*times, second] if t <= second))
+
     def retire(self, device: str) -> list[dict[str, Any]]:
         row = (0, None, device, RETIRED, None, "smart_meter", False)
         return step(self.partition, pd.DataFrame([row], columns=INPUT_COLUMNS))
 
     def steady(self, device: str, every_s: float, until_s: float) -> None:
-        t = 0.0
+        self.steady_from(device, 0.0, every_s, until_s)
+
+    def steady_from(self, device: str, t: float, every_s: float, until_s: float) -> None:
         while t <= until_s:
             assert self((device, t)) == []
             t += every_s
@@ -92,8 +102,8 @@ def test_a_device_is_silent_once_k_intervals_pass_and_not_a_moment_before() -> N
     assert feed.devices["m1"].interval_ms == pytest.approx(20_000)
     assert feed.partition.next_deadline() == at(500)
     # The partition's time is its newest event time less 10 s.
-    assert feed(("rogue-1", 509.999)) == []
-    silent = only(feed(("rogue-1", 510.0)))
+    assert feed.stream_to(509.999) == []
+    silent = only(feed.stream_to(510.0))
     assert silent == {
         "device_id": "m1", "alert_type": SILENT, "start_ms": at(400), "first_ms": at(400),
         "detected_ms": at(500), "end_ms": None, "readings": 0, "behind_ms": None,
@@ -107,7 +117,7 @@ def test_a_device_is_silent_once_k_intervals_pass_and_not_a_moment_before() -> N
 def test_reporting_again_ends_the_same_alert_and_the_silence_is_not_learned() -> None:
     feed = Feed()
     feed.steady("m1", 20.0, 400.0)
-    raised = only(feed(("rogue-1", 530.0)))
+    raised = only(feed.stream_to(530.0))
     ended = only(feed(("rogue-1", 990.0), ("m1", 1000.0)))
     assert ended == {**raised, "end_ms": at(1000), "ended_by": ENDED_BY_READING}
     assert feed.devices["m1"].interval_ms == pytest.approx(20_000)  # 600 s is not a normal gap
@@ -123,13 +133,13 @@ def test_reporting_again_ends_the_same_alert_and_the_silence_is_not_learned() ->
         "20 s)",
         "reported again at 2026-01-01 00:16:40 UTC, after 10 min",
     ]
-    assert (row["severity"], row["last_event_time"]) == ("high", pd.Timestamp(at(520), unit="ms"))
+    assert (row["severity"], row["last_event_time"]) == ("high", pd.Timestamp(at(500), unit="ms"))
 
 
 def test_an_open_silence_has_no_end_in_its_alert() -> None:
     feed = Feed()
     feed.steady("m1", 20.0, 400.0)
-    alerts = silence_alerts(pd.DataFrame([only(feed(("rogue-1", 511.0)))]))
+    alerts = silence_alerts(pd.DataFrame([only(feed.stream_to(511.0))]))
     assert pd.isna(alerts.iloc[0]["window_end"])
     assert alerts.iloc[0]["first_event_time"] == pd.Timestamp(at(400), unit="ms")
     assert alerts.iloc[0]["reasons"] == [
@@ -139,15 +149,47 @@ def test_an_open_silence_has_no_end_in_its_alert() -> None:
 
 def test_a_gap_seen_only_when_the_next_reading_arrives_is_a_silence_too() -> None:
     feed = Feed()
-    feed.steady("m1", 20.0, 400.0)
-    # Nothing moved the partition's clock before the device's next reading, at 700 s.
-    ended = only(feed(("m1", 700.0)))
+    for t in range(0, 401, 20):
+        assert feed(("m1", float(t)), ("x", float(t))) == []
+    # The clock stops 5 s short of m1's deadline (500 s, at the partition's time 510 s); x's
+    # reading at 515 s would reach it, m1's own comes first and ends a silence seen only now.
+    assert feed(*(("x", t) for t in (420.0, 440.0, 460.0, 480.0, 500.0, 505.0))) == []
+    ended = only(feed(("m1", 515.0)))
     assert (ended["start_ms"], ended["detected_ms"], ended["end_ms"], ended["ended_by"]) == (
         at(400),
         at(500),
-        at(700),
+        at(515),
         ENDED_BY_READING,
     )
+
+
+def test_a_span_in_which_the_whole_partition_was_quiet_is_nobodys_silence() -> None:
+    feed = Feed()
+    for t in range(0, 401, 20):  # w1, a water_meter, every 60 s: a threshold of 300 s
+        w1 = [("w1", float(t))] if t % 60 == 0 else []
+        assert feed(("m1", float(t)), ("q1", t - 10.0), *w1) == []
+    # Nothing at all from the partition for three hours (the producer was stopped, or the demo
+    # is run again), then the fleet reports as before: nobody was silent, and nobody learned a
+    # three-hour gap.
+    assert feed(("m1", 11_200.0), ("q1", 11_205.0)) == []
+    assert (feed.devices["m1"].interval_ms, feed.devices["m1"].longest_ms) == (20_000, 20_000)
+    assert feed.devices["q1"].interval_ms == pytest.approx(20_000, rel=0.02)  # 15 s learned
+    assert feed.devices["q1"].longest_ms <= 20_000
+    # A device the feed's return does not bring back is silent k intervals on: from its last
+    # reading (360 s), 40 s before the gap and 260 s after it.
+    for t in range(11_220, 11_461, 20):
+        assert feed(("m1", float(t)), ("q1", t + 5.0)) == []
+    assert feed.stream_to(11_469.0) == []
+    silent = only(feed.stream_to(11_470.0))
+    assert (silent["device_id"], silent["start_ms"], silent["detected_ms"]) == (
+        "w1",
+        at(360),
+        at(11_460),
+    )
+    # A gap shorter than a device's threshold is its own: the partition is quiet for 85 s, less
+    # than m1's 100 s, and m1's reading after it is a gap of 95 s, learned.
+    assert feed(("m1", 11_555.0), ("q1", 11_556.0)) == []
+    assert feed.devices["m1"].longest_ms == pytest.approx(95_000)
 
 
 def test_a_device_slow_within_its_own_jitter_is_never_silent() -> None:
@@ -169,14 +211,14 @@ def test_a_device_that_reports_in_bursts_is_not_silent_between_them() -> None:
             t += 1.0
             found += feed(("b1", t))
         t += 300.0
-        found += feed(("rogue-1", t))  # the stream moves on
+        found += feed.stream_to(t)  # the stream moves on
         rounds.append(sum(f["ended_by"] is None for f in found))  # silences raised
     # The first pauses are silences (a device's pattern is not known before it is seen); each
     # doubles the bar (22 s, 44 s, 89 s, 177 s, then 354 s), until a pause is normal.
     assert rounds == [1, 1, 1, 1] + [0] * 8
     assert feed.devices["b1"].threshold_ms(SPEC) > 600_000  # over 2 x the pause
     # A pause three times as long is a silence.
-    assert [f["alert_type"] for f in feed(("rogue-1", t + 900.0))] == [SILENT]
+    assert [f["alert_type"] for f in feed.stream_to(t + 900.0)] == [SILENT]
 
 
 def test_before_its_own_interval_is_learned_a_device_uses_its_types_prior() -> None:
@@ -223,7 +265,7 @@ def test_retiring_a_silent_device_ends_its_silence_and_forgets_it() -> None:
 def test_a_store_and_forward_burst_ends_the_silence_and_raises_late_burst() -> None:
     feed = Feed()
     feed.steady("s1", 20.0, 400.0)
-    raised = only(feed(("rogue-1", 510.0)))
+    raised = only(feed.stream_to(510.0))
     feed(("rogue-1", 1010.0))  # the partition's time: 1000 s
     # Back online: the readings it buffered (420..980 s) arrive behind the partition's time.
     found = feed(*(("s1", 420.0 + 20 * k) for k in range(29)))
@@ -267,7 +309,7 @@ def test_copies_and_replays_behind_the_clock_are_no_burst_but_say_the_device_is_
 def test_a_clock_ahead_says_the_device_is_alive_and_nothing_more() -> None:
     feed = Feed()
     feed.steady("m1", 20.0, 400.0)
-    feed(("rogue-1", 520.0))  # silent since 400 s, seen at 510 s
+    feed.stream_to(520.0)  # silent since 400 s, seen at 500 s
 
     def ahead() -> list[dict[str, Any]]:
         row = (0, feed.offset + 1, "m1", ALIVE, None, "smart_meter", True)
@@ -343,12 +385,26 @@ def test_the_state_of_a_partition_survives_its_round_trip_through_arrow() -> Non
     state["m2"] = Device(device_type=None, last_ms=at(3), heard_ms=at(4), gaps=7,
                          interval_ms=12_345.5, longest_ms=30_000.0, silent_from_ms=at(3),
                          silent_seen_ms=at(90), silent_threshold_ms=61_000, burst_from_ms=at(1),
-                         burst_to_ms=at(2), burst_readings=5, burst_behind_ms=9)  # fmt: skip
+                         burst_to_ms=at(2), burst_readings=5, burst_behind_ms=9,
+                         paused_ms=3_600_000)  # fmt: skip
     state["g2"] = Device(device_type="gps_tracker")
     back = unpack(pack(state))
     assert repr(back) == repr(state)  # NaN, the interval not learned yet, is not equal to itself
     assert math.isnan(back["g2"].interval_ms)
     assert unpack(None) == {}
+
+
+def test_a_state_written_before_a_field_was_added_loads_with_its_default() -> None:
+    import pyarrow as pa
+
+    feed = Feed()
+    feed.steady("m1", 20.0, 200.0)
+    table = pa.ipc.open_stream(pa.py_buffer(pack(feed.devices))).read_all()
+    older = table.drop_columns(["paused_ms"])  # the state of the version before it
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, older.schema) as writer:
+        writer.write_table(older)
+    assert unpack(sink.getvalue().to_pybytes()) == feed.devices
 
 
 def test_alert_types_are_the_contracts() -> None:

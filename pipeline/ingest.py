@@ -6,20 +6,29 @@ hashes (of the event, of its Kafka coordinates) and its Kafka timestamp, which a
 ``pipeline.dedup`` decides in the driver which rows are new, against the events kept within the
 dedup horizon (held in memory, loaded from ``telemetry`` when the query starts). Only the rows it
 calls copies, usually none, go back to Spark. The decision depends only on the batch and on what
-earlier batches kept, so a batch replayed after a crash decides the same; the appends carry
-(txnAppId, txnVersion=batch_id), the txnAppId named after the query's checkpoint, so Delta
-commits each of them once.
+earlier batches kept, so a batch replayed after a crash decides the same.
 
-A message the lake already holds is not written again, whatever the checkpoint says
-(``WrittenOffsets``): a query started under a new checkpoint (the old one deleted) reads the
+A message the lake already holds is not written again (``WrittenOffsets``): that is what makes
+the appends exactly once, with no Delta transaction id. A query runs each of its batches once;
+only the first batch after a start can be one that an earlier run wrote, all of it or one table
+of the two, before a crash kept Spark from recording it done. So at its first batch the writer
+looks up which of that batch's Kafka offsets each table holds, and leaves those rows out. The
+same lookup covers a query started under a new checkpoint (the old one deleted): it reads the
 topic again from its starting offsets and numbers its batches from 0, so neither its batch ids
-nor its dedup state, which spans only the horizon, could tell those messages apart.
+nor its dedup state, which spans only the horizon, could tell those messages apart; there it
+covers every offset the tables hold. A transaction id would cost each append a job over the
+table's state first (delta-spark 4.4.0; docs/PERFORMANCE.md), and the ingest appends every
+batch. A files source has no offsets to look up: its appends carry (txnAppId,
+txnVersion=batch_id), the txnAppId named after the query's checkpoint, and Delta commits each
+once.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass, field
+from functools import reduce
 
 import numpy as np
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -31,7 +40,7 @@ from pipeline import columns as col
 from pipeline.dedup import Bools, Int64s, SeenEvents
 from pipeline.metrics import Laps
 from pipeline.settings import seconds
-from pipeline.sinks import checkpoint_id, idempotent_append, side_by_side
+from pipeline.sinks import append, checkpoint_id, side_by_side
 from pipeline.transforms import event_key, quarantined, valid_events
 
 log = logging.getLogger(__name__)
@@ -42,6 +51,10 @@ _ROW = "_row"  # a row's place in the materialised batch: unique within it, unli
 def coord_key(topic: Column, partition: Column, offset: Column) -> Column:
     """The 64-bit hash of a message's source coordinates (the same types in batch and table)."""
     return F.xxhash64(topic.cast("string"), partition.cast("int"), offset.cast("long"))
+
+
+# Per Kafka (topic, partition): the first and last offset of a batch.
+Ranges = dict[tuple[str, int], tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -57,13 +70,19 @@ class WrittenOffsets:
     highest: dict[tuple[str, int], int]
 
     @classmethod
-    def load(cls, spark: SparkSession, path: str, since_us: int | None) -> WrittenOffsets:
-        """From the table at ``path``; only its rows that reached Kafka at or after ``since_us``
-        when given (a checkpoint that continues replays recent batches only)."""
+    def load(cls, spark: SparkSession, path: str, within: Ranges | None) -> WrittenOffsets:
+        """From the table at ``path``: all of it, or only its rows ``within`` the offsets of a
+        batch (a checkpoint that continues replays at most its first batch). Delta's file
+        statistics on the offsets skip the files written before."""
         table = spark.read.format("delta").load(path)
         topic, partition, offset = (F.col(name) for name in col.BRONZE_COORDS)
-        if since_us is not None:
-            table = table.where(F.col("kafka_timestamp") >= F.timestamp_micros(F.lit(since_us)))
+        if within is not None:
+            if not within:
+                return cls({})
+            table = table.where(reduce(operator.or_, [
+                (topic == t) & (partition == p) & offset.between(first, last)
+                for (t, p), (first, last) in within.items()
+            ]))  # fmt: skip
         rows = (
             table.where(partition >= 0)  # files have no offsets (partition -1)
             .groupBy(topic, partition)
@@ -111,16 +130,21 @@ class IngestBatchWriter:
     dedup_horizon: str = "10 minutes"
     # The query's checkpoint: its id goes into the appends' txnAppId (see ``checkpoint_id``).
     checkpoint: str | None = None
+    # The source has Kafka offsets: what the lake holds is found by them, and the appends carry
+    # no transaction id (module docstring). False for a files source.
+    offsets: bool = True
     seen: SeenEvents | None = field(default=None, repr=False)
-    # What telemetry and quarantine held at start, loaded at the first batch.
+    # What telemetry and quarantine held of the offsets this run reads, loaded at its first
+    # batch; None until then.
     held: tuple[WrittenOffsets, WrittenOffsets] | None = field(default=None, repr=False)
+    _first_batch: int | None = field(default=None, repr=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
         telemetry_path = lake.table_path(self.lake_root, lake.TELEMETRY)
         quarantine_path = lake.table_path(self.lake_root, lake.QUARANTINE)
-        if self.held is None:
-            self.start(spark, new_checkpoint=batch_id == 0)
+        if self._first_batch is None:
+            self.start(spark, batch_id)
         laps = Laps()
         marked = self.mark_new_events(batch, laps)
         new_events = valid_events(marked.rows.where(F.col("is_new")))
@@ -133,11 +157,14 @@ class IngestBatchWriter:
         # A few rows per batch: in one file, not one per Kafka partition (the detection query
         # reads every new file of quarantine as a task of its next batch).
         rejected = quarantined(marked.rows).unionByName(quarantined(duplicates)).coalesce(1)
+
+        def txn(table: str) -> tuple[str, int] | None:
+            return None if self.offsets else (f"{self.app_id}-{table}", batch_id)
+
         side_by_side(
-            lambda: idempotent_append(new_events, telemetry_path, f"{self.app_id}-telemetry",
-                                      batch_id, rows=marked.new),
-            lambda: idempotent_append(rejected, quarantine_path, f"{self.app_id}-quarantine",
-                                      batch_id, rows=marked.rejected),
+            lambda: append(new_events, telemetry_path, rows=marked.new, txn=txn("telemetry")),
+            lambda: append(rejected, quarantine_path, rows=marked.rejected,
+                           txn=txn("quarantine")),
         )  # fmt: skip
         laps("appends")
         # Only once both are committed: a batch that failed is decided again from the same state.
@@ -145,16 +172,30 @@ class IngestBatchWriter:
         log.debug("ingest batch %d: %d new, %d rejected; %s", batch_id, marked.new,
                   marked.rejected, laps)  # fmt: skip
 
-    def start(self, spark: SparkSession, *, new_checkpoint: bool) -> None:
-        """Name the appends after the checkpoint and read what the tables hold: all of it under
-        a new checkpoint, else what arrived within the horizon (the batches a restart replays)."""
+    def start(self, spark: SparkSession, batch_id: int) -> None:
+        """Name the appends after the checkpoint; load the dedup state."""
+        self._first_batch = batch_id
         if self.checkpoint:
             self.app_id = f"{self.app_id}-{checkpoint_id(spark, self.checkpoint)}"
-        state = self.state(spark)
-        since = None if new_checkpoint or state.newest is None else state.newest - state.horizon_us
-        self.held = (
-            WrittenOffsets.load(spark, lake.table_path(self.lake_root, lake.TELEMETRY), since),
-            WrittenOffsets.load(spark, lake.table_path(self.lake_root, lake.QUARANTINE), since),
+        self.state(spark)
+
+    def load_held(self, batch: DataFrame) -> tuple[WrittenOffsets, WrittenOffsets]:
+        """At the run's first batch: which of its offsets the tables hold. Under a new
+        checkpoint (batch 0) every offset they hold, which the run may read again; else only
+        those of this batch, the one batch a restart can replay (module docstring)."""
+        within: Ranges | None = None
+        if self._first_batch != 0:
+            ranges = (
+                batch.groupBy(col.TOPIC, col.PARTITION)
+                .agg(F.min(col.OFFSET).alias("first"), F.max(col.OFFSET).alias("last"))
+                .collect()
+            )
+            within = {(r[0], int(r[1])): (int(r.first), int(r.last)) for r in ranges
+                      if r[1] is not None and r[1] >= 0}  # fmt: skip
+        spark = batch.sparkSession
+        return (
+            WrittenOffsets.load(spark, lake.table_path(self.lake_root, lake.TELEMETRY), within),
+            WrittenOffsets.load(spark, lake.table_path(self.lake_root, lake.QUARANTINE), within),
         )
 
     def state(self, spark: SparkSession) -> SeenEvents:
@@ -231,7 +272,11 @@ class IngestBatchWriter:
     ) -> tuple[Bools, Int64s]:  # fmt: skip
         """Which valid rows the lake holds already (new ones in ``telemetry``, copies in
         ``quarantine``), and the row ids of the invalid rows ``quarantine`` holds."""
-        in_telemetry, in_quarantine = self.held or (WrittenOffsets({}), WrittenOffsets({}))
+        if self.held is None:
+            self.held = self.load_held(batch) if self.offsets else (
+                WrittenOffsets({}), WrittenOffsets({})
+            )  # fmt: skip
+        in_telemetry, in_quarantine = self.held
         held = np.zeros(len(offsets), dtype=bool)
         if in_telemetry.highest:
             held |= is_new & in_telemetry.written(topics, partitions, offsets)

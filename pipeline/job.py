@@ -233,7 +233,8 @@ class Pipeline:
     def start_ingest(self) -> StreamingQuery:
         s = self.settings
         writer = IngestBatchWriter(s.lake_root, s.app_id, s.dedup_horizon,
-                                   checkpoint=self.checkpoint(INGEST))  # fmt: skip
+                                   checkpoint=self.checkpoint(INGEST),
+                                   offsets=s.source == "kafka")  # fmt: skip
         return self._start(self._parsed(), INGEST, writer)
 
     def start_detection(self) -> StreamingQuery:

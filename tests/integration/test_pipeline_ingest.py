@@ -263,3 +263,85 @@ def test_a_deleted_ingest_checkpoint_loses_nothing_and_writes_nothing_twice(
     assert telemetry.select("event_id").distinct().count() == 42
     quarantine = Counter(r.reason for r in table(spark, lake, "quarantine").collect())
     assert quarantine == {c.REASON_DUPLICATE: 3, c.REASON_INVALID_JSON: 2}
+
+
+def kafka_batch(spark: Any, bootstrap: str, topic: str, start: Any, end: Any) -> Any:
+    """A micro-batch as the ingest query receives it: the topic's records from the offsets
+    ``start`` to ``end`` (JSON per Spark's Kafka source), parsed."""
+    from pyspark.sql import functions as F
+
+    from pipeline.transforms import parse_events
+
+    raw = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", json.dumps(start) if isinstance(start, dict) else start)
+        .option("endingOffsets", json.dumps(end) if isinstance(end, dict) else end)
+        .load()
+    )
+    raw = raw.select(F.col("key").cast("string").alias("key"), "value", "topic", "partition",
+                     "offset", "timestamp")  # fmt: skip
+    return parse_events(raw).localCheckpoint()
+
+
+def end_offsets(spark: Any, bootstrap: str, topic: str, partitions: int) -> dict[str, Any]:
+    """Where the topic ends, per partition (-2, the earliest, for an empty one)."""
+    rows = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .load()
+        .groupBy("partition")
+        .max("offset")
+        .collect()
+    )
+    ends = {str(r[0]): int(r[1]) + 1 for r in rows}
+    return {topic: {str(p): ends.get(str(p), -2) for p in range(partitions)}}
+
+
+@pytest.mark.parametrize("committed", ["telemetry", "both"])
+def test_a_batch_replayed_after_a_crash_between_or_after_its_appends_writes_each_row_once(
+    spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str,
+    monkeypatch: pytest.MonkeyPatch, committed: str,
+) -> None:  # fmt: skip
+    """The ingest's appends carry no Delta transaction id: after a restart, the offsets of its
+    first batch that each table holds are what keep a replayed batch from writing twice."""
+    from pipeline import ingest
+    from pipeline.ingest import IngestBatchWriter
+    from pipeline.sinks import ensure_tables
+
+    ensure_tables(spark, lake)
+    topic = make_topic(partitions=2)
+    start = datetime.now(timezone.utc) - timedelta(minutes=30)
+    write_registry(lake, ["dev-1", "dev-2"])
+    first = device_series("dev-1", start, 20)
+    produce(bootstrap, topic, [*encoded(first), ("dev-1", b"{broken")])
+    batch_0 = kafka_batch(spark, bootstrap, topic, "earliest", "latest")
+    middle = end_offsets(spark, bootstrap, topic, partitions=2)
+    second = device_series("dev-2", start, 12)
+    produce(bootstrap, topic, encoded(second) + encoded(first[:3]) + [("dev-2", b"[")])
+    batch_1 = kafka_batch(spark, bootstrap, topic, middle, "latest")
+
+    running = IngestBatchWriter(lake, "test")
+    running(batch_0, 0)
+    real_append = ingest.append
+
+    def crash(df: Any, path: str, **kwargs: Any) -> None:
+        # The process dies before Spark records the batch done: after the telemetry append
+        # alone, or after both.
+        if path.endswith("telemetry") or committed == "both":
+            real_append(df, path, **kwargs)
+        raise RuntimeError(f"killed after the {committed} append")
+
+    monkeypatch.setattr(ingest, "append", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        running(batch_1, 1)
+    monkeypatch.undo()
+    # A restart: a new writer, and Spark runs batch 1 again.
+    IngestBatchWriter(lake, "test")(batch_1, 1)
+
+    events = [r.event_id for r in table(spark, lake, "telemetry").collect()]
+    assert sorted(events) == sorted(e["event_id"] for e in first + second)
+    quarantine = Counter(r.reason for r in table(spark, lake, "quarantine").collect())
+    assert quarantine == {c.REASON_DUPLICATE: 3, c.REASON_INVALID_JSON: 2}

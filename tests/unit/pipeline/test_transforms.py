@@ -10,7 +10,7 @@ import pytest
 
 from infra import contract as c
 from pipeline.dedup import SeenEvents
-from pipeline.ingest import IngestBatchWriter
+from pipeline.ingest import IngestBatchWriter, WrittenOffsets
 from pipeline.transforms import parse_events, quarantined, senders, valid_events
 
 HORIZON_US = 10 * 60 * 1_000_000
@@ -204,7 +204,9 @@ def test_the_first_copy_of_an_event_is_the_valid_one_with_smallest_coordinates(s
     values = [json.dumps(event(event_id=e)).encode() for e in ("a", "b", "a", "a")]
     # An invalid copy of "b" (seq out of range) comes first but cannot be the original.
     values.insert(0, json.dumps(event(event_id="b", seq=-1)).encode())
-    writer = IngestBatchWriter("unused-lake", "test", seen=SeenEvents(HORIZON_US))
+    nothing = WrittenOffsets({})  # the lake holds none of these messages
+    writer = IngestBatchWriter("unused-lake", "test", seen=SeenEvents(HORIZON_US),
+                               held=(nothing, nothing))  # fmt: skip
     marked = writer.mark_new_events(parse_events(spark.createDataFrame(raw_rows(values), RAW_DDL)))
     flags = sorted((r.event_id, r.offset, r.is_new) for r in marked.rows.collect())
     assert flags == [("a", 1, True), ("a", 3, False), ("a", 4, False), ("b", 0, None),

@@ -30,7 +30,12 @@ def kafka_source(
     )
     if bounded and settings.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
-    return reader.load().select(
+    return kafka_records(reader.load())
+
+
+def kafka_records(raw: DataFrame) -> DataFrame:
+    """Records of Spark's Kafka source (stream or batch) in the shape the parse expects."""
+    return raw.select(
         F.col("key").cast("string").alias("key"),
         "value",
         "topic",

@@ -268,8 +268,7 @@ def test_a_deleted_ingest_checkpoint_loses_nothing_and_writes_nothing_twice(
 def kafka_batch(spark: Any, bootstrap: str, topic: str, start: Any, end: Any) -> Any:
     """A micro-batch as the ingest query receives it: the topic's records from the offsets
     ``start`` to ``end`` (JSON per Spark's Kafka source), parsed."""
-    from pyspark.sql import functions as F
-
+    from pipeline.sources import kafka_records
     from pipeline.transforms import parse_events
 
     raw = (
@@ -280,9 +279,7 @@ def kafka_batch(spark: Any, bootstrap: str, topic: str, start: Any, end: Any) ->
         .option("endingOffsets", json.dumps(end) if isinstance(end, dict) else end)
         .load()
     )
-    raw = raw.select(F.col("key").cast("string").alias("key"), "value", "topic", "partition",
-                     "offset", "timestamp")  # fmt: skip
-    return parse_events(raw).localCheckpoint()
+    return parse_events(kafka_records(raw)).localCheckpoint()
 
 
 def end_offsets(spark: Any, bootstrap: str, topic: str, partitions: int) -> dict[str, Any]:

@@ -451,9 +451,9 @@ def write_alerts(
         append(to_spark(spark, appended), path, rows=len(appended))
     laps("append")
     # Final values and withdrawals in one MERGE: both come when windows close.
-    side_by_side(partial(merge_alerts, spark, _concat(merged, withdrawn), path),
-                 *([beside] if beside is not None else []))  # fmt: skip
-    laps("MERGE and beside it")
+    took = side_by_side(partial(merge_alerts, spark, _concat(merged, withdrawn), path),
+                        *([beside] if beside is not None else []))  # fmt: skip
+    laps("MERGE " + " beside ".join(f"{t:.2f} s" for t in took) + ", both")
     # Its types say which detector wrote (each writes its own).
     types = sorted({*appended["alert_type"], *merged["alert_type"], *withdrawn["alert_type"]})
     log.debug("alerts written (%s): %d appended, %d MERGEd, %d withdrawn; %s",

@@ -138,30 +138,35 @@ def checkpoint_id(spark: SparkSession, checkpoint: str) -> str:
     return str(json.loads(line[0])["id"])
 
 
-def side_by_side(*writes: Callable[[], None]) -> None:
-    """Run ``writes`` (to different tables) at the same time; return when all are done.
+def side_by_side(*writes: Callable[[], None]) -> list[float]:
+    """Run ``writes`` (to different tables) at the same time; return when all are done, with
+    the seconds each took (for the debug log: which of them the batch waited for).
 
     A Delta write spends much of its time in planning and in its commit rather than on the
     cores, so two together take little more than the longer one. The first error is raised
     after every write has finished, so a failed batch never leaves a write running behind it.
     """
     errors: list[BaseException] = []
+    seconds = [0.0] * len(writes)
 
-    def run(write: Callable[[], None]) -> None:
+    def run(i: int) -> None:
+        start = time.perf_counter()
         try:
-            write()
+            writes[i]()
         except BaseException as exc:  # raised below, in the caller's thread
             errors.append(exc)
+        seconds[i] = time.perf_counter() - start
 
     # InheritableThread carries Spark's thread-local properties (job group, scheduler pool).
-    threads = [InheritableThread(target=run, args=(w,), daemon=True) for w in writes[1:]]
+    threads = [InheritableThread(target=run, args=(i,), daemon=True) for i in range(1, len(writes))]
     for thread in threads:
         thread.start()
-    run(writes[0])
+    run(0)
     for thread in threads:
         thread.join()
     if errors:
         raise errors[0]
+    return seconds
 
 
 def is_write_conflict(exc: BaseException) -> bool:

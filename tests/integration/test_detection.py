@@ -192,6 +192,78 @@ def test_a_batch_replayed_after_all_its_writes_changes_no_window_and_no_alert(
     assert {r for r in again if r.batch_id == 7} == {r for r in changes if r.batch_id == 7}
 
 
+def windows_of(spark: Any, lake: str, *series: list[dict[str, Any]]) -> Any:
+    """The 10-minute windows (5-minute slide) of the readings in ``series``, tables created."""
+    from pipeline.features import features_from_events
+    from pipeline.sinks import ensure_tables
+    from tests.unit.pipeline.test_rules import events_df, registry_df
+
+    ensure_tables(spark, lake)
+    events = events_df(spark, [e for s in series for e in s])
+    return features_from_events(
+        events, registry_df(spark), window="10 minutes", slide="5 minutes"
+    ).localCheckpoint()
+
+
+@pytest.mark.parametrize("kind", ["closes nothing", "closes windows"])
+def test_a_batch_replayed_after_a_crash_within_its_writes_leaves_the_tables_as_a_run_without_one(
+    spark: Any, lake: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A batch that closes no window writes its window changes beside its new alerts; one that
+    closes windows writes them last, once those windows and their alerts' final values are in.
+    Either way, killed within its writes and replayed by a new writer, it leaves every table as
+    a run that was never killed."""
+    from pipeline import detection
+    from pipeline.detection import window_states
+
+    start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
+    # Batch 6: an unregistered device's first hour, and another's reading at 1:04:55, so the
+    # watermark closes the windows ending by 0:59:55. Batch 7: the first device's next readings,
+    # a new window of its own and, in "closes windows", a reading that closes older windows.
+    later = 10 if kind == "closes nothing" else 40
+    first = [
+        device_series("rogue", start, 120),
+        device_series("other", start + timedelta(minutes=64, seconds=55), 1),
+    ]
+    then = [device_series("rogue", start + timedelta(hours=1), later)]
+    reference = str(tmp_path / "reference")
+    none = ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent")
+    for root in (reference, lake):
+        batches = (windows_of(spark, root, *first), windows_of(spark, root, *then))
+        running = FeaturesBatchWriter(root, none)
+        running(batches[0], 6)
+        if root == reference:
+            running(batches[1], 7)
+            continue
+        step = "write_alerts" if kind == "closes nothing" else "idempotent_append"
+
+        def killed(*_args: Any, **_kwargs: Any) -> None:
+            raise RuntimeError("killed within batch 7's writes")
+
+        monkeypatch.setattr(detection, step, killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            running(batches[1], 7)
+        monkeypatch.undo()
+        changes = spark.read.format("delta").load(lake_table(lake, "feature_changes"))
+        # Beside the alerts when nothing closes; never before the closed windows.
+        assert changes.where("batch_id = 7").count() == (
+            batches[1].count() if kind == "closes nothing" else 0)  # fmt: skip
+        FeaturesBatchWriter(root, none)(batches[1], 7)  # a restart, and batch 7 again
+
+    def rows(root: str, name: str) -> list[Any]:
+        frame = spark.read.format("delta").load(lake_table(root, name))
+        return sorted(frame.drop("detected_at").collect())
+
+    assert rows(lake, "alerts") == rows(reference, "alerts")
+    assert rows(lake, "features") == rows(reference, "features")
+    assert sorted(window_states(spark, lake).collect()) == sorted(
+        window_states(spark, reference).collect())  # fmt: skip
+    new = [r for r in rows(lake, "alerts") if r.batch_id == 7]
+    assert new, "batch 7 raised no alert: the test would see no lost alert"
+    if kind == "closes windows":
+        assert rows(lake, "features"), "batch 7 closed no window"
+
+
 def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_stops(
     spark: Any, lake: str, tmp_path: Path
 ) -> None:

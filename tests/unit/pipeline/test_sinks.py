@@ -77,3 +77,12 @@ def test_side_by_side_raises_a_failure_only_after_every_write_finished() -> None
     with pytest.raises(RuntimeError, match="DELTA_FAILED_TO_WRITE"):
         side_by_side(failing, slow)
     assert finished.is_set()
+
+
+def test_side_by_side_says_how_long_each_write_took() -> None:
+    def slow() -> None:
+        time.sleep(0.3)
+
+    took = side_by_side(lambda: None, slow)
+    assert len(took) == 2
+    assert took[1] >= 0.3 > took[0]

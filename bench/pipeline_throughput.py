@@ -180,6 +180,7 @@ def run_round(spark: Any, bootstrap: str, topic: str, root: Path, *, max_offsets
 def register_model(spark: Any, root: Path) -> str:
     """Train the detector on a small simulated fleet and make it the champion; its registry."""
     from infra.mlflow_store import local_tracking_uri
+    from iotfraud.training import simulate
     from models.settings import ModelSettings
     from models.train import train
 
@@ -188,7 +189,7 @@ def register_model(spark: Any, root: Path) -> str:
     settings = ModelSettings(devices=60, hours=3.0, holdout_hours=2.0,
                              workdir=str(root / "training"))  # fmt: skip
     train(spark, settings, tracking, window=defaults.window, slide=defaults.slide,
-          spec=defaults.profile_spec())  # fmt: skip
+          spec=defaults.profile_spec(), history_source=simulate)  # fmt: skip
     return tracking
 
 

@@ -100,21 +100,26 @@ def lake_table(root: str, name: str) -> str:
     return lake.table_path(root, name)
 
 
-def rogue_device_windows(spark: Any, lake: str, hours: tuple[float, float] = (0, 2)) -> Any:
-    """The windows of one unregistered device (a rogue_device alert each) over ``hours``
-    (from, to), tables created."""
+def windows_of(spark: Any, lake: str, *series: list[dict[str, Any]]) -> Any:
+    """The 10-minute windows (5-minute slide) of the readings in ``series``, tables created."""
     from pipeline.features import features_from_events
     from pipeline.sinks import ensure_tables
     from tests.unit.pipeline.test_rules import events_df, registry_df
 
     ensure_tables(spark, lake)
-    start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc) + timedelta(hours=hours[0])
-    # Two hours: windows past the device's cold start, which the model scores once closed.
-    count = int((hours[1] - hours[0]) * 120)
-    events = events_df(spark, device_series("rogue", start, count, firmware="6.6.6"))
+    events = events_df(spark, [e for s in series for e in s])
     return features_from_events(
         events, registry_df(spark), window="10 minutes", slide="5 minutes"
     ).localCheckpoint()
+
+
+def rogue_device_windows(spark: Any, lake: str, hours: tuple[float, float] = (0, 2)) -> Any:
+    """The windows of one unregistered device (a rogue_device alert each) over ``hours``
+    (from, to), tables created."""
+    start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc) + timedelta(hours=hours[0])
+    # Two hours: windows past the device's cold start, which the model scores once closed.
+    count = int((hours[1] - hours[0]) * 120)
+    return windows_of(spark, lake, device_series("rogue", start, count, firmware="6.6.6"))
 
 
 def test_replayed_batch_changes_no_alert(spark: Any, lake: str, tmp_path: Path) -> None:
@@ -190,19 +195,6 @@ def test_a_batch_replayed_after_all_its_writes_changes_no_window_and_no_alert(
     again = read("feature_changes")
     assert len(again) == len(changes) + later.count()  # batch 7's rows twice, the same rows
     assert {r for r in again if r.batch_id == 7} == {r for r in changes if r.batch_id == 7}
-
-
-def windows_of(spark: Any, lake: str, *series: list[dict[str, Any]]) -> Any:
-    """The 10-minute windows (5-minute slide) of the readings in ``series``, tables created."""
-    from pipeline.features import features_from_events
-    from pipeline.sinks import ensure_tables
-    from tests.unit.pipeline.test_rules import events_df, registry_df
-
-    ensure_tables(spark, lake)
-    events = events_df(spark, [e for s in series for e in s])
-    return features_from_events(
-        events, registry_df(spark), window="10 minutes", slide="5 minutes"
-    ).localCheckpoint()
 
 
 @pytest.mark.parametrize("kind", ["closes nothing", "closes windows"])

@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from infra import contract as c
 from pipeline import columns as col
 from pipeline.metrics import Laps
-from pipeline.sinks import append, driver_frame, retry_on_conflict, side_by_side
+from pipeline.sinks import append, driver_frame, retry_on_conflict
 
 log = logging.getLogger(__name__)
 
@@ -405,15 +405,18 @@ def write_alerts(
     written: WrittenAlerts,
     stale: pd.DataFrame | None = None,
     publish: Publish | None = None,
-    beside: Callable[[], None] | None = None,
-) -> None:
+    later: bool = False,
+) -> Callable[[], None] | None:
     """Append the alerts the table does not hold yet (``WrittenAlerts.to_write``: ``raised`` on
     a changed window, or called for by the ``final`` state of a closing one); then, in one MERGE,
     the ``final`` values of alerts (their window closed, or the query stopped) where they differ
     from the table's, and the ``stale`` ones marked withdrawn (``WrittenAlerts.stale``). With
     ``publish``, every row these writes change, as the table will hold it, is published first
-    (``pipeline.publish``). ``beside``: a write to another table, run at the same time as the
-    MERGE (``side_by_side``), after the append.
+    (``pipeline.publish``).
+
+    ``later``: the MERGE is returned, not run, when it holds no new alert (the caller runs it
+    once the batch has returned, ``pipeline.sinks.AfterBatch``); ``written`` already counts
+    it as done.
 
     An alert is written when first raised and, if its values changed meanwhile, once more with
     its final values. A window's rule alert is decided again every time the window changes, and
@@ -451,14 +454,18 @@ def write_alerts(
         append(to_spark(spark, appended), path, rows=len(appended))
     laps("append")
     # Final values and withdrawals in one MERGE: both come when windows close.
-    took = side_by_side(partial(merge_alerts, spark, _concat(merged, withdrawn), path),
-                        *([beside] if beside is not None else []))  # fmt: skip
-    laps("MERGE " + " beside ".join(f"{t:.2f} s" for t in took) + ", both")
+    to_merge = _concat(merged, withdrawn)
+    merge = partial(merge_alerts, spark, to_merge, path)
+    deferred = later and not maybe.any() and len(to_merge) > 0
+    if not deferred:
+        merge()
+        laps("MERGE")
     # Its types say which detector wrote (each writes its own).
     types = sorted({*appended["alert_type"], *merged["alert_type"], *withdrawn["alert_type"]})
-    log.debug("alerts written (%s): %d appended, %d MERGEd, %d withdrawn; %s",
-              ", ".join(types) or "none", len(appended), len(merged), len(withdrawn),
-              laps)  # fmt: skip
+    log.debug("alerts written (%s): %d appended, %d MERGEd%s, %d withdrawn; %s",
+              ", ".join(types) or "none", len(appended), len(merged),
+              " after the batch" if deferred else "", len(withdrawn), laps)  # fmt: skip
     for part in (appended, after, withdrawn):
         written.remember(part)
     written.after_start = False
+    return merge if deferred else None

@@ -47,7 +47,14 @@ from pipeline.profiles import (
 )
 from pipeline.rules import RULE_TYPES, RuleThresholds, rule_alerts
 from pipeline.scoring import LoadedModel, ModelScorer, model_alerts
-from pipeline.sinks import append, checkpoint_id, driver_frame, idempotent_append, side_by_side
+from pipeline.sinks import (
+    AfterBatch,
+    append,
+    checkpoint_id,
+    driver_frame,
+    idempotent_append,
+    side_by_side,
+)
 
 log = logging.getLogger(__name__)
 
@@ -220,9 +227,13 @@ def load_state(
     state of each window in ``feature_changes``, the history is the closed windows in
     ``features``.
 
-    A batch appends to ``feature_changes`` last, so its newest event time says which batch
-    committed last; closed windows a later, unfinished attempt appended to ``features`` are
-    left out (its replay closes them again, and its append of them is skipped by Delta).
+    A batch appends to ``feature_changes`` before it returns, so its newest event time says
+    which batch committed last. The windows a batch closes go to ``features`` after it has
+    returned, in batch order (``FeaturesBatchWriter``): so ``features`` holds every closed
+    window up to its newest end, and none after it. A window ``feature_changes`` shows closed
+    but ending after that was not written yet: it is put back among the open ones, and the
+    first batch closes it again (the same final values: a window's profile reads only windows
+    that ended before it began).
     """
     changes = _read(spark, lake_root, lake.FEATURE_CHANGES)
     closed = _read(spark, lake_root, lake.FEATURES)
@@ -235,25 +246,41 @@ def load_state(
         return WindowState.empty()
     top = pd.Timestamp(newest)
     done = top - pd.Timedelta(seconds=watermark_s)
+    written_to: pd.Timestamp | None = None  # the newest end in features
+    if changes is not None and closed is not None:
+        end = closed.agg(F.max(col.WINDOW_END).alias("t")).toPandas()["t"].iloc[0]
+        written_to = None if pd.isna(end) else pd.Timestamp(end)
 
     def since(seconds: float) -> Column:
-        return F.lit((top - pd.Timedelta(seconds=seconds)).strftime("%Y-%m-%d %H:%M:%S")).cast(
-            "timestamp"
-        )
+        return _timestamp(top - pd.Timedelta(seconds=seconds))
 
     parts = []
     if closed is not None:
         reach = watermark_s + 3 * spec.window_s + spec.span_s
         parts.append(closed.where(F.col(col.WINDOW_START) >= since(reach)).toPandas())
     if changes is not None:
-        recent = changes.where(F.col(col.WINDOW_START) >= since(watermark_s + 2 * spec.window_s))
-        parts.append(recent.toPandas().sort_values(BATCH_ID, kind="stable").drop(columns=BATCH_ID))
+        recent = F.col(col.WINDOW_START) >= since(watermark_s + 2 * spec.window_s)
+        if written_to is None:  # no closed window written: every one may be closed again
+            recent = F.lit(True)
+        elif written_to < done:
+            recent = recent | (F.col(col.WINDOW_END) > _timestamp(written_to))
+        rows = changes.where(recent).toPandas()
+        parts.append(rows.sort_values(BATCH_ID, kind="stable").drop(columns=BATCH_ID))
     rows = pd.concat([p for p in parts if len(p)] or parts[:1], ignore_index=True)
     rows = rows.drop_duplicates(FEATURE_KEYS, keep="last")
     end = rows[col.WINDOW_END] <= done
-    log.info("detection state loaded: %d open windows, %d closed", (~end).sum(), end.sum())
+    if changes is not None:
+        written = rows[col.WINDOW_END] <= written_to if written_to is not None else False
+        end = end & written
+    again = (rows[col.WINDOW_END] <= done) & ~end
+    log.info("detection state loaded: %d open windows (%d of them closed again), %d closed",
+             (~end).sum(), again.sum(), end.sum())  # fmt: skip
     history = history_rows(rows[end], min_events).reset_index(drop=True)
     return WindowState(_keyed(rows[~end]), history, top)
+
+
+def _timestamp(when: pd.Timestamp) -> Column:
+    return F.lit(when.strftime("%Y-%m-%d %H:%M:%S")).cast("timestamp")
 
 
 def window_states(spark: SparkSession, lake_root: str) -> DataFrame:
@@ -318,6 +345,8 @@ class FeaturesBatchWriter:
     written: WrittenAlerts | None = None
     # A batch and ``finish`` never run side by side, even if a stop returned early.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # The writes a batch leaves to run after it has returned.
+    _after: AfterBatch = field(default_factory=AfterBatch, repr=False)
     _named: bool = field(default=False, repr=False)  # app_id carries the checkpoint's id
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -337,7 +366,7 @@ class FeaturesBatchWriter:
                                     watermark_s=self.watermark_s,
                                     min_events=self.rules.default.min_events)  # fmt: skip
             alerts = lake.table_path(self.lake_root, lake.ALERTS)
-            self.written = WrittenAlerts.load(spark, alerts, self._done(self.state))
+            self.written = WrittenAlerts.load(spark, alerts, self._open_after(self.state))
             if self.publish is not None:
                 # As the table holds them: a stop that died between publishing the open
                 # windows' latest values and writing them (``finish``) is mended here.
@@ -377,10 +406,9 @@ class FeaturesBatchWriter:
         laps("detect")
 
         def append_closed() -> None:
-            if len(closing):
-                closed = driver_frame(spark, closing[windows.columns], windows.schema)
-                idempotent_append(closed, path(lake.FEATURES), f"{self.app_id}-features",
-                                  batch_id, rows=len(closing), merge_schema=True)  # fmt: skip
+            closed = driver_frame(spark, closing[windows.columns], windows.schema)
+            idempotent_append(closed, path(lake.FEATURES), f"{self.app_id}-features", batch_id,
+                              rows=len(closing), merge_schema=True)  # fmt: skip
 
         def write_changes() -> None:
             # No transaction id (``append``): a replay's rows are the same as the first
@@ -391,28 +419,34 @@ class FeaturesBatchWriter:
                        path(lake.FEATURE_CHANGES), rows=len(received),
                        merge_schema=True)  # fmt: skip
 
-        # The closed windows' append beside the alerts' MERGE (another table; both come when
-        # windows close); the new alerts' append before both, as it is what an analyst waits for.
+        merge: list[Callable[[], None] | None] = [None]
         written = self.written
 
-        def write_alerts_and_closed() -> None:
-            write_alerts(spark, alerts, last_word, path=path(lake.ALERTS), batch_id=batch_id,
-                         written=written, stale=stale, publish=self.publish,
-                         beside=append_closed)  # fmt: skip
+        def write_new_alerts() -> None:
+            merge[0] = write_alerts(spark, alerts, last_word, path=path(lake.ALERTS),
+                                    batch_id=batch_id, written=written, stale=stale,
+                                    publish=self.publish, later=True)  # fmt: skip
 
-        if len(closing):
-            # The window changes mark the batch done (``load_state``): they go last, once the
-            # windows it closes are in ``features`` and their alerts final.
-            write_alerts_and_closed()
-            laps("alerts and closed windows")
-            write_changes()
-            laps("window changes")
-        else:
-            # Nothing closes, so the changes may land first: a batch replayed after a crash
-            # between the two finds its windows as they were, raises the same alerts from them
-            # and writes those the table lacks (``write_alerts``, first batch after a start).
-            took = side_by_side(write_alerts_and_closed, write_changes)
-            laps("alerts {:.2f} s beside window changes {:.2f} s, both".format(*took))
+        # The last closing batch's MERGE into ``alerts`` must be done: an append to the same
+        # partitions while it runs makes it fail (Delta checks MERGE as serializable).
+        waited = self._after.wait(writes=1)
+        laps(f"waited {waited:.2f} s for the last batch's MERGE, then")
+        # The window changes mark the batch done (``load_state``). They may land before the
+        # alerts: a batch replayed after a crash between the two raises the same alerts from
+        # the same windows, and writes those the table lacks (first batch after a start).
+        took = side_by_side(write_new_alerts, write_changes)
+        laps("alerts {:.2f} s beside window changes {:.2f} s, both".format(*took))
+        # What is left is what an analyst does not wait for: the final values of the alerts of
+        # the windows this batch closed, then those windows in ``features``. After the batch
+        # has returned; if the process dies first, the next start finds those windows in
+        # ``feature_changes`` but not in ``features`` and closes them again (``load_state``).
+        # The MERGE goes first: a window in ``features`` has its final values in ``alerts``.
+        closed = append_closed if len(closing) else None
+        self._after.start(
+            spark,
+            f"detection batch {batch_id}",
+            [("final values' MERGE", merge[0]), ("closed windows' append", closed)],
+        )
         log.debug("detection batch %d: %d windows changed, %d closed, %d alerts; %s", batch_id,
                   len(changed), len(closing), len(alerts), laps)  # fmt: skip
         self.state = state
@@ -429,7 +463,14 @@ class FeaturesBatchWriter:
         with self._lock:
             self._finish(spark)
 
+    def settle(self) -> None:
+        """Wait until the writes the last batch left to run after it are done (``AfterBatch``):
+        before reading ``features`` or the final values in ``alerts``."""
+        with self._lock:
+            self._after.wait()
+
     def _finish(self, spark: SparkSession) -> None:
+        self._after.wait()
         if self.state is None or self.written is None or self.state.open.empty:
             return
         if getattr(self.publish, "failed", None):  # the broker is why the pipeline stops
@@ -443,6 +484,15 @@ class FeaturesBatchWriter:
                      lake.ALERTS),
                      batch_id=-1,  # unused: updates keep the batch id of the insert
                      written=self.written, publish=self.publish)  # fmt: skip
+
+    def _open_after(self, state: WindowState) -> pd.Timestamp | None:
+        """The alerts of windows ending after this may change: those of open windows, and of
+        the closed ones ``load_state`` put back to be closed again."""
+        done = self._done(state)
+        if done is None or state.open.empty:
+            return done
+        earliest = pd.Timestamp(state.open[col.WINDOW_END].min())
+        return min(done, earliest - pd.Timedelta(seconds=1))
 
     def _done(self, state: WindowState) -> pd.Timestamp | None:
         """Windows ending at or before this are closed: no event can change them any more."""

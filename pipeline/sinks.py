@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -167,6 +168,77 @@ def side_by_side(*writes: Callable[[], None]) -> list[float]:
     if errors:
         raise errors[0]
     return seconds
+
+
+class AfterBatch:
+    """Writes a micro-batch leaves to run after it has returned, on a thread of their own, in
+    order; one batch's at a time (``start`` first waits for the last batch's).
+
+    Spark runs the next batch once ``foreachBatch`` returns, and cancels the query's job group
+    when it stops: these writes run in a job group of their own (the query's, with
+    ``JOB_GROUP_SUFFIX``), so that a stop does not cut them; the stop waits for them (``wait``).
+    A failed write fails every later ``wait``: the batch that waits stops the query, and the
+    next start does again what the failed write would have done (``pipeline.detection``).
+    """
+
+    JOB_GROUP_SUFFIX = " after its batch"
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._done: list[threading.Event] = []
+        self._error: BaseException | None = None
+
+    def start(
+        self, spark: SparkSession, what: str, writes: list[tuple[str, Callable[[], None] | None]]
+    ) -> None:
+        """Run ``writes`` (name, write; None: nothing to do there, the place keeps its number
+        for ``wait``) one after the other; the debug log names them and their seconds."""
+        self.wait()
+        if all(write is None for _, write in writes):
+            self._done = []
+            return
+        done = [threading.Event() for _ in writes]
+        context = spark.sparkContext
+        group = context.getLocalProperty("spark.jobGroup.id")
+
+        def run() -> None:
+            if group:
+                context.setJobGroup(group + self.JOB_GROUP_SUFFIX, "writes after the batch")
+            took = []
+            try:
+                for (name, write), finished in zip(writes, done, strict=True):
+                    if write is not None:
+                        began = time.perf_counter()
+                        write()
+                        took.append(f"{name} {time.perf_counter() - began:.2f} s")
+                    finished.set()
+                log.debug("%s, after it: %s", what, ", ".join(took))
+            except BaseException as exc:  # raised by the next wait, in the batch's thread
+                self._error = exc
+                log.error("%s: a write after it failed: %s", what, exc)
+            finally:
+                for finished in done:
+                    finished.set()
+
+        self._done = done
+        # InheritableThread carries Spark's thread-local properties (scheduler pool).
+        self._thread = InheritableThread(target=run, name="after-batch", daemon=True)
+        self._thread.start()
+
+    def wait(self, writes: int | None = None) -> float:
+        """Wait until the first ``writes`` of the last batch's (all of them when None) have run;
+        the seconds waited. Raises if one of them failed."""
+        began = time.perf_counter()
+        if writes is None:
+            if self._thread is not None:
+                self._thread.join()
+        else:
+            for finished in self._done[:writes]:
+                finished.wait()
+        if self._error is not None:
+            raise RuntimeError("a write left to run after its micro-batch failed; the next "
+                               "start does it again") from self._error  # fmt: skip
+        return time.perf_counter() - began
 
 
 def is_write_conflict(exc: BaseException) -> bool:

@@ -152,10 +152,10 @@ def test_a_batch_replayed_after_a_crash_between_its_writes_adds_no_alert_twice(
     later = rogue_device_windows(spark, lake, (1, 2))
 
     def killed(*_args: Any, **_kwargs: Any) -> None:
-        raise RuntimeError("killed after the alerts' append")
+        raise RuntimeError("killed in the window changes' append")
 
-    # Batch 7 appends its new alerts, then dies before the windows' writes mark it done.
-    monkeypatch.setattr(detection, "idempotent_append", killed)
+    # Batch 7 appends its new alerts, and dies before its window changes mark it done.
+    monkeypatch.setattr(detection, "append", killed)
     with pytest.raises(RuntimeError, match="killed"):
         running(later, 7)
     monkeypatch.undo()
@@ -182,6 +182,7 @@ def test_a_batch_replayed_after_all_its_writes_changes_no_window_and_no_alert(
     running(rogue_device_windows(spark, lake, (0, 1)), 6)
     later = rogue_device_windows(spark, lake, (1, 2))
     running(later, 7)
+    running.settle()
 
     def read(name: str) -> list[Any]:
         return sorted(spark.read.format("delta").load(lake_table(lake, name)).collect())
@@ -197,50 +198,79 @@ def test_a_batch_replayed_after_all_its_writes_changes_no_window_and_no_alert(
     assert {r for r in again if r.batch_id == 7} == {r for r in changes if r.batch_id == 7}
 
 
-@pytest.mark.parametrize("kind", ["closes nothing", "closes windows"])
-def test_a_batch_replayed_after_a_crash_within_its_writes_leaves_the_tables_as_a_run_without_one(
-    spark: Any, lake: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
-) -> None:
-    """A batch that closes no window writes its window changes beside its new alerts; one that
-    closes windows writes them last, once those windows and their alerts' final values are in.
-    Either way, killed within its writes and replayed by a new writer, it leaves every table as
-    a run that was never killed."""
-    from pipeline import detection
+# Where batch 7 dies: (what closes, the write that fails, whether Spark runs batch 7 again). A
+# write the batch left to run after it has returned fails after Spark recorded the batch done
+# (then the next batch comes), or before it did (then batch 7 comes again).
+CRASHES = [
+    ("closes nothing", "new alerts", True),
+    ("closes windows", "new alerts", True),
+    ("closes windows", "window changes", True),
+    ("closes windows", "final values", False),
+    ("closes windows", "closed windows", False),
+    ("closes windows", "closed windows", True),
+]
+
+
+@pytest.mark.parametrize(("kind", "dies_in", "replayed"), CRASHES)
+def test_a_batch_killed_within_its_writes_leaves_the_tables_as_a_run_without_one(
+    spark: Any, lake: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    kind: str, dies_in: str, replayed: bool,
+) -> None:  # fmt: skip
+    """A batch writes its new alerts beside its window changes (which mark it done), and
+    returns; the final values of the alerts of the windows it closed, then those windows, are
+    written after it. Killed in any of these writes, then started again (batch 7 again, or the
+    next one), the pipeline leaves every table as a run that was never killed."""
+    from pipeline import alerts, detection
     from pipeline.detection import window_states
 
     start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
     # Batch 6: an unregistered device's first hour, and another's reading at 1:04:55, so the
     # watermark closes the windows ending by 0:59:55. Batch 7: the first device's next readings,
-    # a new window of its own and, in "closes windows", a reading that closes older windows.
+    # a new window of its own and, in "closes windows", readings that close older windows; its
+    # rogue_device alerts then get their final values. Batch 8: ten more minutes.
     later = 10 if kind == "closes nothing" else 40
     first = [
         device_series("rogue", start, 120),
         device_series("other", start + timedelta(minutes=64, seconds=55), 1),
     ]
     then = [device_series("rogue", start + timedelta(hours=1), later)]
+    last = [device_series("rogue", start + timedelta(hours=1, seconds=30 * later), 20)]
+    step = {"new alerts": (detection, "write_alerts"), "window changes": (detection, "append"),
+            "final values": (alerts, "merge_alerts"),
+            "closed windows": (detection, "idempotent_append")}[dies_in]  # fmt: skip
     reference = str(tmp_path / "reference")
     none = ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent")
+    called: list[bool] = []
     for root in (reference, lake):
-        batches = (windows_of(spark, root, *first), windows_of(spark, root, *then))
+        batches = [windows_of(spark, root, *rows) for rows in (first, then, last)]
         running = FeaturesBatchWriter(root, none)
         running(batches[0], 6)
         if root == reference:
             running(batches[1], 7)
+            running(batches[2], 8)
+            running.settle()
             continue
-        step = "write_alerts" if kind == "closes nothing" else "idempotent_append"
+        running.settle()
 
         def killed(*_args: Any, **_kwargs: Any) -> None:
+            called.append(True)
             raise RuntimeError("killed within batch 7's writes")
 
-        monkeypatch.setattr(detection, step, killed)
-        with pytest.raises(RuntimeError, match="killed"):
+        monkeypatch.setattr(*step, killed)
+        try:
             running(batches[1], 7)
+            running.settle()  # the writes after the batch
+        except RuntimeError as exc:
+            assert "batch" in str(exc) or "killed" in str(exc.__cause__)
         monkeypatch.undo()
-        changes = spark.read.format("delta").load(lake_table(lake, "feature_changes"))
-        # Beside the alerts when nothing closes; never before the closed windows.
-        assert changes.where("batch_id = 7").count() == (
-            batches[1].count() if kind == "closes nothing" else 0)  # fmt: skip
-        FeaturesBatchWriter(root, none)(batches[1], 7)  # a restart, and batch 7 again
+        assert called, f"batch 7 never reached its {dies_in}: the test would see nothing"
+        # A restart: a new writer loads what the tables hold, and Spark runs batch 7 again if
+        # it had not recorded it done, then batch 8.
+        again = FeaturesBatchWriter(root, none)
+        if replayed:
+            again(batches[1], 7)
+        again(batches[2], 8)
+        again.settle()
 
     def rows(root: str, name: str) -> list[Any]:
         frame = spark.read.format("delta").load(lake_table(root, name))
@@ -252,9 +282,13 @@ def test_a_batch_replayed_after_a_crash_within_its_writes_leaves_the_tables_as_a
         window_states(spark, reference).collect())  # fmt: skip
     new = [r for r in rows(lake, "alerts") if r.batch_id == 7]
     assert new, "batch 7 raised no alert: the test would see no lost alert"
-    # Batch 6 closed the windows ending by 0:59:55; any later one in features, batch 7 closed.
-    hour = (start + timedelta(hours=1)).replace(tzinfo=None)
-    closed_by_7 = [r for r in rows(lake, "features") if r.window_end >= hour]
+    # Batch 6 closed the windows ending by 0:59:55, batch 7 those ending by its newest event
+    # less the watermark (five minutes).
+    naive = start.replace(tzinfo=None)
+    newest = max(timedelta(minutes=64, seconds=55), timedelta(hours=1, seconds=30 * (later - 1)))
+    closed_by_7 = [r for r in rows(reference, "features")
+                   if naive + timedelta(minutes=55) < r.window_end
+                   <= naive + newest - timedelta(minutes=5)]  # fmt: skip
     assert bool(closed_by_7) == (kind == "closes windows")
 
 

@@ -318,15 +318,20 @@ def _read(spark: SparkSession, lake_root: str, name: str) -> DataFrame | None:
 class FeaturesBatchWriter:
     """``foreachBatch`` function of the detection query (update mode: the windows that changed).
 
-    Writes, in this order: the new alerts (``write_alerts``); then at the same time the final
-    values of alerts whose window this batch closes, and those windows, once, to ``features``;
-    last the windows that changed to ``feature_changes``. The ``features`` append is keyed by
-    the batch id, so a replay writes nothing twice there; a replay's ``feature_changes`` rows,
-    if its first attempt had written them, repeat them, and every reader keeps one row per
-    window (the latest batch's). That last append marks the batch as done for ``load_state``: a
-    batch cut short before it is done again whole, and closes its windows again. A batch that
-    closes no window writes its changes beside its alerts instead: its replay, from the state
-    those changes leave, raises the same alerts.
+    Writes the new alerts (``write_alerts``) beside the windows that changed, to
+    ``feature_changes``, and returns: that is all an analyst waits for. Then, while Spark runs
+    the next batch (``AfterBatch``): the final values of the alerts whose window this batch
+    closed, in a MERGE, and those windows, once, to ``features``. The next batch waits for that
+    MERGE before its own alerts' writes (a MERGE fails when another writer appends to the
+    partitions it reads).
+
+    Exactly once: the ``features`` append is keyed by the batch id, so a replay writes nothing
+    twice there; a replay's ``feature_changes`` rows, if its first attempt had written them,
+    repeat them, and every reader keeps one row per window (the latest batch's). The
+    ``feature_changes`` append marks the batch as done for ``load_state``; a window it shows
+    closed that ``features`` lacks (the process died after the batch) is closed again by the
+    next start's first batch, final values included. A batch replayed from the state its window
+    changes leave raises the same alerts and writes those the table lacks.
     """
 
     lake_root: str

@@ -83,7 +83,8 @@ def active_files(table: DeltaTable) -> int:
 
 def changes_kept_s(settings: PipelineSettings) -> float:
     """How far back, from the newest event, ``feature_changes`` must reach: a restart reads the
-    windows that may still be open (``pipeline.detection.load_state``); an hour more is slack."""
+    windows that may still be open, and those closed by the last batches whose ``features``
+    append had not run yet (``pipeline.detection.load_state``); an hour more is slack."""
     return seconds(settings.watermark) + 2 * seconds(settings.window) + 3600
 
 

@@ -315,10 +315,12 @@ def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_s
     writer.finish(spark)  # the query stopped: open windows' alerts get their latest values
     assert last_event_times()[start] == start + timedelta(minutes=6)
     writer(rogue_device_windows(spark, lake, (0, 1)), 2)  # up to 08:59:30: 08:00-08:10 closed
+    writer.settle()  # the final values are written after the batch
     final = last_event_times()
     assert final[start] == start + timedelta(minutes=9, seconds=30)
     assert len(final) == 13  # one per window start, 07:55 to 08:55
     writer(rogue_device_windows(spark, lake, (0, 1)), 2)  # replayed: nothing changes
+    writer.settle()
     assert last_event_times() == final
 
 
@@ -366,7 +368,8 @@ def test_a_rule_alert_its_finished_window_does_not_call_for_is_withdrawn(
     assert stuck_alerts() == {(d, w): "raised" for d in ("stuck", "clean") for w in first}
     before_close = len(operations())
     writer(windows(recovers + constant), 1)  # to 08:59:30: both windows closed
-    # The new alerts appended; final values and the withdrawal in one MERGE.
+    writer.settle()
+    # The new alerts appended; final values and the withdrawal in one MERGE, after the batch.
     assert operations()[before_close:] == ["WRITE", "MERGE"]
     after = stuck_alerts()
     assert {(d, w): after[(d, w)] for d in ("stuck", "clean") for w in first} == {
@@ -384,6 +387,7 @@ def test_a_rule_alert_its_finished_window_does_not_call_for_is_withdrawn(
         lake, ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent"), publish=publish
     )
     replayed(windows(recovers + constant), 1)
+    replayed.settle()
     assert sorted(table.collect()) == before
     assert len(topic_messages(bootstrap, topic)) == published
 

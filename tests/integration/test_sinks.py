@@ -131,3 +131,58 @@ def test_rows_the_driver_writes_land_in_one_file_per_commit(spark: SparkSession,
         )
     assert listener.flush(spark) == 10
     assert added(tables.table_path(lake, tables.PIPELINE_METRICS)) == [1]
+
+
+def test_writes_left_after_a_batch_run_in_order_and_a_query_stop_does_not_cut_them(
+    spark: SparkSession, lake: str
+) -> None:
+    """``AfterBatch`` on a real streaming query: its writes start once ``foreachBatch`` has
+    returned, one after the other, and run in a job group of their own, so the query's stop
+    (which cancels the query's jobs) lets them finish; a failed one fails the next wait."""
+    import threading
+    import time
+
+    import pytest
+
+    from pipeline.sinks import AfterBatch
+
+    after = AfterBatch()
+    order: list[str] = []
+    returned = threading.Event()
+    slow_began = threading.Event()
+
+    def slow() -> None:  # a Spark job still running when the query stops
+        slow_began.set()
+        spark.range(2, numPartitions=2).rdd.map(lambda x: time.sleep(6) or x).collect()
+        order.append(f"slow, batch returned first: {returned.is_set()}")
+
+    def then() -> None:
+        order.append("then")
+
+    def each(batch: object, batch_id: int) -> None:
+        if batch_id == 0:
+            after.start(spark, "batch 0", [("slow", slow), ("nothing", None), ("then", then)])
+            returned.set()
+
+    query = (
+        spark.readStream.format("rate").option("rowsPerSecond", 1).load()
+        .writeStream.foreachBatch(each).option("checkpointLocation", f"{lake}/ckpt").start()
+    )  # fmt: skip
+    try:
+        assert slow_began.wait(120), "the write after batch 0 never began"
+        time.sleep(1)  # its job is running
+    finally:
+        query.stop()  # cancels the query's job group
+    after.wait()
+    assert order == ["slow, batch returned first: True", "then"]
+
+    def fails() -> None:
+        raise ValueError("disk full")
+
+    after.start(spark, "batch 1", [("fails", fails), ("then", then)])
+    with pytest.raises(RuntimeError, match="after its micro-batch failed") as caught:
+        after.wait(writes=1)
+    assert isinstance(caught.value.__cause__, ValueError)
+    assert order == ["slow, batch returned first: True", "then"], "a write after a failed one ran"
+    with pytest.raises(RuntimeError):  # the next batch would stop there too
+        after.start(spark, "batch 2", [("then", then)])

@@ -63,6 +63,7 @@ from bench_broker import bench_broker
 
 from infra.logs import log_file
 from iotfraud.demo import alert_latency, table_rows
+from pipeline.sinks import AfterBatch
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -160,8 +161,10 @@ def executor_cpu_by_query(lake: str, ui: str = "http://localhost:4040") -> dict[
         for row in table_rows(lake, "pipeline_metrics", ["run_id", "query_name"])
     }
     app = get("/applications")[0]["id"]
+    # The writes a detection batch leaves to run after it have a group of their own.
+    after = AfterBatch.JOB_GROUP_SUFFIX
     group_of = {
-        stage: names.get(job.get("jobGroup") or "", "other")
+        stage: names.get((job.get("jobGroup") or "").removesuffix(after), "other")
         for job in get(f"/applications/{app}/jobs")
         for stage in job["stageIds"]
     }

@@ -434,8 +434,8 @@ class FeaturesBatchWriter:
 
         # The last closing batch's MERGE into ``alerts`` must be done: an append to the same
         # partitions while it runs makes it fail (Delta checks MERGE as serializable).
-        waited = self._after.wait(writes=1)
-        laps(f"waited {waited:.2f} s for the last batch's MERGE, then")
+        self._after.wait(writes=1)
+        laps("waiting for the last batch's MERGE")
         # The window changes mark the batch done (``load_state``). They may land before the
         # alerts: a batch replayed after a crash between the two raises the same alerts from
         # the same windows, and writes those the table lacks (first batch after a start).

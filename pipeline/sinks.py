@@ -225,10 +225,9 @@ class AfterBatch:
         self._thread = InheritableThread(target=run, name="after-batch", daemon=True)
         self._thread.start()
 
-    def wait(self, writes: int | None = None) -> float:
-        """Wait until the first ``writes`` of the last batch's (all of them when None) have run;
-        the seconds waited. Raises if one of them failed."""
-        began = time.perf_counter()
+    def wait(self, writes: int | None = None) -> None:
+        """Wait until the first ``writes`` of the last batch's (all of them when None) have run.
+        Raises if one of them failed."""
         if writes is None:
             if self._thread is not None:
                 self._thread.join()
@@ -238,7 +237,6 @@ class AfterBatch:
         if self._error is not None:
             raise RuntimeError("a write left to run after its micro-batch failed; the next "
                                "start does it again") from self._error  # fmt: skip
-        return time.perf_counter() - began
 
 
 def is_write_conflict(exc: BaseException) -> bool:

@@ -20,7 +20,6 @@ import logging
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import partial
 from typing import Any, cast
 
 import numpy as np
@@ -405,18 +404,13 @@ def write_alerts(
     written: WrittenAlerts,
     stale: pd.DataFrame | None = None,
     publish: Publish | None = None,
-    later: bool = False,
-) -> Callable[[], None] | None:
+) -> None:
     """Append the alerts the table does not hold yet (``WrittenAlerts.to_write``: ``raised`` on
     a changed window, or called for by the ``final`` state of a closing one); then, in one MERGE,
     the ``final`` values of alerts (their window closed, or the query stopped) where they differ
     from the table's, and the ``stale`` ones marked withdrawn (``WrittenAlerts.stale``). With
     ``publish``, every row these writes change, as the table will hold it, is published first
     (``pipeline.publish``).
-
-    ``later``: the MERGE is returned, not run, when it holds no new alert (the caller runs it
-    once the batch has returned, ``pipeline.sinks.AfterBatch``); ``written`` already counts
-    it as done.
 
     An alert is written when first raised and, if its values changed meanwhile, once more with
     its final values. A window's rule alert is decided again every time the window changes, and
@@ -454,18 +448,13 @@ def write_alerts(
         append(to_spark(spark, appended), path, rows=len(appended))
     laps("append")
     # Final values and withdrawals in one MERGE: both come when windows close.
-    to_merge = _concat(merged, withdrawn)
-    merge = partial(merge_alerts, spark, to_merge, path)
-    deferred = later and not maybe.any() and len(to_merge) > 0
-    if not deferred:
-        merge()
-        laps("MERGE")
+    merge_alerts(spark, _concat(merged, withdrawn), path)
+    laps("MERGE")
     # Its types say which detector wrote (each writes its own).
     types = sorted({*appended["alert_type"], *merged["alert_type"], *withdrawn["alert_type"]})
-    log.debug("alerts written (%s): %d appended, %d MERGEd%s, %d withdrawn; %s",
-              ", ".join(types) or "none", len(appended), len(merged),
-              " after the batch" if deferred else "", len(withdrawn), laps)  # fmt: skip
+    log.debug("alerts written (%s): %d appended, %d MERGEd, %d withdrawn; %s",
+              ", ".join(types) or "none", len(appended), len(merged), len(withdrawn),
+              laps)  # fmt: skip
     for part in (appended, after, withdrawn):
         written.remember(part)
     written.after_start = False
-    return merge if deferred else None

@@ -318,20 +318,18 @@ def _read(spark: SparkSession, lake_root: str, name: str) -> DataFrame | None:
 class FeaturesBatchWriter:
     """``foreachBatch`` function of the detection query (update mode: the windows that changed).
 
-    Writes the new alerts (``write_alerts``) beside the windows that changed, to
-    ``feature_changes``, and returns: that is all an analyst waits for. Then, while Spark runs
-    the next batch (``AfterBatch``): the final values of the alerts whose window this batch
-    closed, in a MERGE, and those windows, once, to ``features``. The next batch waits for that
-    MERGE before its own alerts' writes (a MERGE fails when another writer appends to the
-    partitions it reads).
+    Writes the new alerts, then the final values of the alerts whose window this batch closed
+    (``write_alerts``), beside the windows that changed, to ``feature_changes``, and returns.
+    The windows it closed go, once, to ``features`` while Spark runs the next batch
+    (``AfterBatch``).
 
     Exactly once: the ``features`` append is keyed by the batch id, so a replay writes nothing
     twice there; a replay's ``feature_changes`` rows, if its first attempt had written them,
     repeat them, and every reader keeps one row per window (the latest batch's). The
     ``feature_changes`` append marks the batch as done for ``load_state``; a window it shows
     closed that ``features`` lacks (the process died after the batch) is closed again by the
-    next start's first batch, final values included. A batch replayed from the state its window
-    changes leave raises the same alerts and writes those the table lacks.
+    next start's first batch (final values again: the same). A batch replayed from the state
+    its window changes leave raises the same alerts and writes those the table lacks.
     """
 
     lake_root: str
@@ -424,34 +422,27 @@ class FeaturesBatchWriter:
                        path(lake.FEATURE_CHANGES), rows=len(received),
                        merge_schema=True)  # fmt: skip
 
-        merge: list[Callable[[], None] | None] = [None]
         written = self.written
+        self._after.check()  # the last closing batch's append to ``features`` did not fail
 
         def write_new_alerts() -> None:
-            merge[0] = write_alerts(spark, alerts, last_word, path=path(lake.ALERTS),
-                                    batch_id=batch_id, written=written, stale=stale,
-                                    publish=self.publish, later=True)  # fmt: skip
+            write_alerts(spark, alerts, last_word, path=path(lake.ALERTS), batch_id=batch_id,
+                         written=written, stale=stale, publish=self.publish)  # fmt: skip
 
-        # The last closing batch's MERGE into ``alerts`` must be done: an append to the same
-        # partitions while it runs makes it fail (Delta checks MERGE as serializable).
-        self._after.wait(writes=1)
-        laps("waiting for the last batch's MERGE")
         # The window changes mark the batch done (``load_state``). They may land before the
         # alerts: a batch replayed after a crash between the two raises the same alerts from
         # the same windows, and writes those the table lacks (first batch after a start).
         took = side_by_side(write_new_alerts, write_changes)
         laps("alerts {:.2f} s beside window changes {:.2f} s, both".format(*took))
-        # What is left is what an analyst does not wait for: the final values of the alerts of
-        # the windows this batch closed, then those windows in ``features``. After the batch
-        # has returned; if the process dies first, the next start finds those windows in
-        # ``feature_changes`` but not in ``features`` and closes them again (``load_state``).
-        # The MERGE goes first: a window in ``features`` has its final values in ``alerts``.
-        closed = append_closed if len(closing) else None
-        self._after.start(
-            spark,
-            f"detection batch {batch_id}",
-            [("final values' MERGE", merge[0]), ("closed windows' append", closed)],
-        )
+        # The windows this batch closed go to ``features`` after it has returned, beside the
+        # next batch: nothing an analyst waits for. If the process dies first, the next start
+        # finds them closed in ``feature_changes`` but not in ``features``, and closes them
+        # again (``load_state``). The alerts' MERGE above stays in the batch: one beside the
+        # next batch's append to ``alerts`` would fail (Delta checks a MERGE as serializable),
+        # and waiting for it there would put it between that batch and its alerts.
+        if len(closing):
+            self._after.start(spark, f"detection batch {batch_id}: closed windows' append",
+                              append_closed)  # fmt: skip
         log.debug("detection batch %d: %d windows changed, %d closed, %d alerts; %s", batch_id,
                   len(changed), len(closing), len(alerts), laps)  # fmt: skip
         self.state = state

@@ -171,69 +171,52 @@ def side_by_side(*writes: Callable[[], None]) -> list[float]:
 
 
 class AfterBatch:
-    """Writes a micro-batch leaves to run after it has returned, on a thread of their own, in
-    order; one batch's at a time (``start`` first waits for the last batch's).
+    """A write a micro-batch leaves to run after it has returned, on a thread of its own; one at
+    a time, in batch order (``start`` first waits for the last one).
 
     Spark runs the next batch once ``foreachBatch`` returns, and cancels the query's job group
-    when it stops: these writes run in a job group of their own (the query's, with
-    ``JOB_GROUP_SUFFIX``), so that a stop does not cut them; the stop waits for them (``wait``).
-    A failed write fails every later ``wait``: the batch that waits stops the query, and the
-    next start does again what the failed write would have done (``pipeline.detection``).
+    when it stops: the write runs in a job group of its own (the query's, with
+    ``JOB_GROUP_SUFFIX``), so that a stop does not cut it; the stop waits for it (``wait``). A
+    failed write fails every later ``wait`` and ``start``: the next batch stops the query, and
+    the next start does again what the write would have done (``pipeline.detection``).
     """
 
     JOB_GROUP_SUFFIX = " after its batch"
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
-        self._done: list[threading.Event] = []
         self._error: BaseException | None = None
 
-    def start(
-        self, spark: SparkSession, what: str, writes: list[tuple[str, Callable[[], None] | None]]
-    ) -> None:
-        """Run ``writes`` (name, write; None: nothing to do there, the place keeps its number
-        for ``wait``) one after the other; the debug log names them and their seconds."""
+    def start(self, spark: SparkSession, what: str, write: Callable[[], None]) -> None:
+        """Run ``write`` once the last one is done; the debug log says ``what`` and its seconds."""
         self.wait()
-        if all(write is None for _, write in writes):
-            self._done = []
-            return
-        done = [threading.Event() for _ in writes]
         context = spark.sparkContext
         group = context.getLocalProperty("spark.jobGroup.id")
 
         def run() -> None:
             if group:
-                context.setJobGroup(group + self.JOB_GROUP_SUFFIX, "writes after the batch")
-            took = []
+                context.setJobGroup(group + self.JOB_GROUP_SUFFIX, "a write after its batch")
+            began = time.perf_counter()
             try:
-                for (name, write), finished in zip(writes, done, strict=True):
-                    if write is not None:
-                        began = time.perf_counter()
-                        write()
-                        took.append(f"{name} {time.perf_counter() - began:.2f} s")
-                    finished.set()
-                log.debug("%s, after it: %s", what, ", ".join(took))
+                write()
             except BaseException as exc:  # raised by the next wait, in the batch's thread
                 self._error = exc
-                log.error("%s: a write after it failed: %s", what, exc)
-            finally:
-                for finished in done:
-                    finished.set()
+                log.error("%s failed: %s", what, exc)
+                return
+            log.debug("%s, after it: %.2f s", what, time.perf_counter() - began)
 
-        self._done = done
         # InheritableThread carries Spark's thread-local properties (scheduler pool).
         self._thread = InheritableThread(target=run, name="after-batch", daemon=True)
         self._thread.start()
 
-    def wait(self, writes: int | None = None) -> None:
-        """Wait until the first ``writes`` of the last batch's (all of them when None) have run.
-        Raises if one of them failed."""
-        if writes is None:
-            if self._thread is not None:
-                self._thread.join()
-        else:
-            for finished in self._done[:writes]:
-                finished.wait()
+    def wait(self) -> None:
+        """Return once the last write is done; raise if it (or an earlier one) failed."""
+        if self._thread is not None:
+            self._thread.join()
+        self.check()
+
+    def check(self) -> None:
+        """Raise if a write failed; one still running is not waited for."""
         if self._error is not None:
             raise RuntimeError("a write left to run after its micro-batch failed; the next "
                                "start does it again") from self._error  # fmt: skip

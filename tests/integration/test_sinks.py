@@ -136,9 +136,10 @@ def test_rows_the_driver_writes_land_in_one_file_per_commit(spark: SparkSession,
 def test_writes_left_after_a_batch_run_in_order_and_a_query_stop_does_not_cut_them(
     spark: SparkSession, lake: str
 ) -> None:
-    """``AfterBatch`` on a real streaming query: its writes start once ``foreachBatch`` has
-    returned, one after the other, and run in a job group of their own, so the query's stop
-    (which cancels the query's jobs) lets them finish; a failed one fails the next wait."""
+    """``AfterBatch`` on a real streaming query: a write starts once ``foreachBatch`` has
+    returned, the next one once it is done, and each runs in a job group of its own, so the
+    query's stop (which cancels the query's jobs) lets it finish; a failed one fails the next
+    wait and start."""
     import threading
     import time
 
@@ -161,7 +162,7 @@ def test_writes_left_after_a_batch_run_in_order_and_a_query_stop_does_not_cut_th
 
     def each(batch: object, batch_id: int) -> None:
         if batch_id == 0:
-            after.start(spark, "batch 0", [("slow", slow), ("nothing", None), ("then", then)])
+            after.start(spark, "batch 0", slow)
             returned.set()
 
     query = (
@@ -174,15 +175,27 @@ def test_writes_left_after_a_batch_run_in_order_and_a_query_stop_does_not_cut_th
     finally:
         query.stop()  # cancels the query's job group
     after.wait()
-    assert order == ["slow, batch returned first: True", "then"]
+    assert order == ["slow, batch returned first: True"]
+
+    def quick() -> None:
+        time.sleep(1)
+        order.append("quick")
+
+    after.start(spark, "batch 1", quick)
+    after.start(spark, "batch 2", then)  # begins once the last one is done
+    assert order[-1] == "quick"
+    after.wait()
+    assert order[-1] == "then"
 
     def fails() -> None:
         raise ValueError("disk full")
 
-    after.start(spark, "batch 1", [("fails", fails), ("then", then)])
+    after.start(spark, "batch 3", fails)
     with pytest.raises(RuntimeError, match="after its micro-batch failed") as caught:
-        after.wait(writes=1)
+        after.wait()
     assert isinstance(caught.value.__cause__, ValueError)
-    assert order == ["slow, batch returned first: True", "then"], "a write after a failed one ran"
-    with pytest.raises(RuntimeError):  # the next batch would stop there too
-        after.start(spark, "batch 2", [("then", then)])
+    with pytest.raises(RuntimeError):  # the next batch stops there
+        after.check()
+    with pytest.raises(RuntimeError):
+        after.start(spark, "batch 4", quick)
+    assert order[-1] == "then", "a write after a failed one ran"

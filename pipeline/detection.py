@@ -348,7 +348,7 @@ class FeaturesBatchWriter:
     written: WrittenAlerts | None = None
     # A batch and ``finish`` never run side by side, even if a stop returned early.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    # The writes a batch leaves to run after it has returned.
+    # The write a batch leaves to run after it has returned (its closed windows).
     _after: AfterBatch = field(default_factory=AfterBatch, repr=False)
     _named: bool = field(default=False, repr=False)  # app_id carries the checkpoint's id
 
@@ -460,8 +460,8 @@ class FeaturesBatchWriter:
             self._finish(spark)
 
     def settle(self) -> None:
-        """Wait until the writes the last batch left to run after it are done (``AfterBatch``):
-        before reading ``features`` or the final values in ``alerts``."""
+        """Wait until the write the last batch left to run after it is done (``AfterBatch``):
+        before reading ``features``."""
         with self._lock:
             self._after.wait()
 

@@ -259,7 +259,7 @@ def test_a_batch_killed_within_its_writes_leaves_the_tables_as_a_run_without_one
         monkeypatch.setattr(*step, killed)
         try:
             running(batches[1], 7)
-            running.settle()  # the writes after the batch
+            running.settle()  # the closed windows' append, after the batch
         except RuntimeError as exc:
             assert "batch" in str(exc) or "killed" in str(exc.__cause__)
         monkeypatch.undo()
@@ -315,12 +315,11 @@ def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_s
     writer.finish(spark)  # the query stopped: open windows' alerts get their latest values
     assert last_event_times()[start] == start + timedelta(minutes=6)
     writer(rogue_device_windows(spark, lake, (0, 1)), 2)  # up to 08:59:30: 08:00-08:10 closed
-    writer.settle()  # the final values are written after the batch
+    writer.settle()  # its closed windows' append to features, after the batch
     final = last_event_times()
     assert final[start] == start + timedelta(minutes=9, seconds=30)
     assert len(final) == 13  # one per window start, 07:55 to 08:55
     writer(rogue_device_windows(spark, lake, (0, 1)), 2)  # replayed: nothing changes
-    writer.settle()
     assert last_event_times() == final
 
 
@@ -368,8 +367,8 @@ def test_a_rule_alert_its_finished_window_does_not_call_for_is_withdrawn(
     assert stuck_alerts() == {(d, w): "raised" for d in ("stuck", "clean") for w in first}
     before_close = len(operations())
     writer(windows(recovers + constant), 1)  # to 08:59:30: both windows closed
-    writer.settle()
-    # The new alerts appended; final values and the withdrawal in one MERGE, after the batch.
+    writer.settle()  # its closed windows' append to features, after the batch
+    # The new alerts appended; final values and the withdrawal in one MERGE.
     assert operations()[before_close:] == ["WRITE", "MERGE"]
     after = stuck_alerts()
     assert {(d, w): after[(d, w)] for d in ("stuck", "clean") for w in first} == {
@@ -387,7 +386,6 @@ def test_a_rule_alert_its_finished_window_does_not_call_for_is_withdrawn(
         lake, ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent"), publish=publish
     )
     replayed(windows(recovers + constant), 1)
-    replayed.settle()
     assert sorted(table.collect()) == before
     assert len(topic_messages(bootstrap, topic)) == published
 

@@ -48,6 +48,12 @@ _UPDATABLE = ("severity", "score", "reasons", "window_end", "first_event_time", 
 _TIME_TEXT = "%Y-%m-%d %H:%M:%S"
 
 
+def timestamp_literal(when: pd.Timestamp) -> Column:
+    """``when`` (naive, UTC) as a Spark timestamp literal, to the second: for bounds on the
+    tables' time columns."""
+    return F.lit(when.strftime(_TIME_TEXT)).cast("timestamp")
+
+
 def alert_id_of(device_id: str, alert_type: str, window_start: datetime) -> str:
     """Deterministic key: the same device, window and type always give the same id. In SQL:
     ``sha2(concat_ws('|', device_id, alert_type, CAST(window_start AS STRING)), 256)`` (windows
@@ -197,7 +203,7 @@ def table_rows(
     later), by ``alert_id``."""
     if not DeltaTable.isDeltaTable(spark, path):
         return {}
-    since = F.lit(earliest.strftime(_TIME_TEXT)).cast("timestamp")
+    since = timestamp_literal(earliest)
     found = (
         spark.read.format("delta").load(path)
         .where((F.col(col.WINDOW_START) >= since) & F.col("alert_id").isin(list(ids)))
@@ -338,7 +344,7 @@ class WrittenAlerts:
             newest = table.agg(F.max(col.WINDOW_END).alias("t")).first()
             return cls(unknown_until=None if newest is None or newest.t is None
                        else pd.Timestamp(newest.t), after_start=True)  # fmt: skip
-        since = F.lit(open_after.strftime(_TIME_TEXT)).cast("timestamp")
+        since = timestamp_literal(open_after)
         rows = table.where(F.col(col.WINDOW_END) > since).toPandas()
         written = cls(unknown_until=open_after, after_start=True)
         written.remember(rows)
@@ -360,7 +366,7 @@ class WrittenAlerts:
         newest = table.agg(F.max(col.WINDOW_END).alias("t")).first()
         if newest is not None and newest.t is not None:
             written.unknown_until = pd.Timestamp(newest.t) - horizon
-            since = F.lit(written.unknown_until.strftime(_TIME_TEXT)).cast("timestamp")
+            since = timestamp_literal(written.unknown_until)
             table = table.where(F.col(col.WINDOW_END).isNull() | (F.col(col.WINDOW_END) > since))
         rows = table.toPandas()
         written.remember(rows)

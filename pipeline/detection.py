@@ -31,7 +31,13 @@ from pyspark.sql import functions as F
 
 from infra import lake
 from pipeline import columns as col
-from pipeline.alerts import Publish, WrittenAlerts, empty_alerts, write_alerts
+from pipeline.alerts import (
+    Publish,
+    WrittenAlerts,
+    empty_alerts,
+    timestamp_literal,
+    write_alerts,
+)
 from pipeline.metrics import Laps
 from pipeline.profiles import (
     FILL,
@@ -252,7 +258,7 @@ def load_state(
         written_to = None if pd.isna(end) else pd.Timestamp(end)
 
     def since(seconds: float) -> Column:
-        return _timestamp(top - pd.Timedelta(seconds=seconds))
+        return timestamp_literal(top - pd.Timedelta(seconds=seconds))
 
     parts = []
     if closed is not None:
@@ -263,7 +269,7 @@ def load_state(
         if written_to is None:  # no closed window written: every one may be closed again
             recent = F.lit(True)
         elif written_to < done:
-            recent = recent | (F.col(col.WINDOW_END) > _timestamp(written_to))
+            recent = recent | (F.col(col.WINDOW_END) > timestamp_literal(written_to))
         rows = changes.where(recent).toPandas()
         parts.append(rows.sort_values(BATCH_ID, kind="stable").drop(columns=BATCH_ID))
     rows = pd.concat([p for p in parts if len(p)] or parts[:1], ignore_index=True)
@@ -277,10 +283,6 @@ def load_state(
              (~end).sum(), again.sum(), end.sum())  # fmt: skip
     history = history_rows(rows[end], min_events).reset_index(drop=True)
     return WindowState(_keyed(rows[~end]), history, top)
-
-
-def _timestamp(when: pd.Timestamp) -> Column:
-    return F.lit(when.strftime("%Y-%m-%d %H:%M:%S")).cast("timestamp")
 
 
 def window_states(spark: SparkSession, lake_root: str) -> DataFrame:

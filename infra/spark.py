@@ -64,6 +64,10 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         # The firmware join's update stream is quiet most of the time: with the default (min)
         # policy its stale watermark would hold back the telemetry's, and with it every alert.
         "spark.sql.streaming.multipleWatermarkPolicy": "max",
+        # Delta copies a MERGE's source first (a job, and a cached copy) unless it reads only
+        # Delta tables, so that a source that could change between the MERGE's two passes
+        # cannot. Every MERGE here merges rows the driver holds, which cannot change.
+        "spark.databricks.delta.merge.materializeSource": "none",
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": SCHEDULER_POOLS.as_uri(),
     }

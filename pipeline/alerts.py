@@ -131,7 +131,9 @@ def merge_alerts(spark: SparkSession, rows: pd.DataFrame, path: str) -> None:
     # alert_id is made from the window start, so a match has the same window start. Bounding it
     # by the rows' own lets Delta skip, by their statistics, the files of older windows and of
     # newer ones: a batch's final values are of windows closing now, its new alerts of windows
-    # still filling.
+    # still filling. The bounds are whole hours: Spark writes them into the code it compiles for
+    # the MERGE (several classes of 20-100 KB), and bounds that change with every MERGE were new
+    # code to compile every time, on the detection batch's path (docs/PERFORMANCE.md).
     starts = pd.to_datetime(rows[col.WINDOW_START])
     # And by their types (alert_id is made from the type too): the table's partitions, so that
     # Delta checks the commits of other detectors, made meanwhile, against these partitions only
@@ -139,8 +141,8 @@ def merge_alerts(spark: SparkSession, rows: pd.DataFrame, path: str) -> None:
     types = ", ".join(f"'{t}'" for t in sorted(set(rows["alert_type"])))
     condition = (
         f"t.alert_id = s.alert_id AND t.alert_type IN ({types}) AND t.`{col.WINDOW_START}` "
-        f"BETWEEN TIMESTAMP '{starts.min().floor('s').strftime(_TIME_TEXT)}' AND "
-        f"TIMESTAMP '{starts.max().ceil('s').strftime(_TIME_TEXT)}'"
+        f"BETWEEN TIMESTAMP '{starts.min().floor('h').strftime(_TIME_TEXT)}' AND "
+        f"TIMESTAMP '{(starts.max().floor('h') + pd.Timedelta(hours=1)).strftime(_TIME_TEXT)}'"
     )
 
     def merge() -> None:

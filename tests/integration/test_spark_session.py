@@ -8,11 +8,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from infra import contract as c
+from pipeline.alerts import alert_frame, as_written, merge_alerts
 from pipeline.firmware import parse_firmware_updates
 from pipeline.job import session_conf
+from pipeline.sinks import ensure_table
 from pipeline.transforms import parse_events, senders
 
 RAW_DDL = "key string, value binary, topic string, partition int, offset long, timestamp timestamp"
@@ -105,3 +109,48 @@ def test_a_parse_run_again_compiles_nothing(
         again = parse(spark.read.parquet(path)).collect()
         assert compilations.getCount() == first, "the second run compiled its code again"
     assert len(again) == len(values)
+
+
+def test_a_merge_of_alerts_compiles_no_new_code_and_copies_no_source(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A detection batch that closes windows MERGEs the final values of their alerts, and the
+    next batch waits for it. Spark compiles code for the MERGE (several classes of 20-100 KB),
+    with the MERGE's bounds on the window start in it: bounds that moved with every MERGE, as
+    windows close a slide apart, were new code to compile every time. And Delta copied the
+    MERGE's source first, a job of its own, unless told the source cannot change.
+
+    Here: MERGEs of alerts on windows 5 minutes apart, in one hour. Once the first two have
+    compiled the MERGE's code, the next ones compile nothing (bounds to the second: 3 classes
+    each) and run 5 Spark jobs each (6 with the copy)."""
+    path = str(tmp_path / "alerts")
+    ensure_table(spark, path, c.ALERTS_COLUMNS, c.ALERTS_PARTITIONED_BY)
+    start = pd.Timestamp("2026-12-03 08:00:00")
+
+    def final_values(i: int) -> pd.DataFrame:
+        window = start + pd.Timedelta(minutes=5 * i)
+        windows = pd.DataFrame([{
+            "device_id": f"d{i}", "window_start": window,
+            "window_end": window + pd.Timedelta(minutes=10), "first_event_time": window,
+            "last_event_time": window + pd.Timedelta(minutes=4),
+        }])  # fmt: skip
+        raised = alert_frame(windows, "flood", "high", pd.Series([0.9]), pd.Series(["40 events"]))
+        return as_written(raised, i, window + pd.Timedelta(minutes=15))
+
+    compilations = compilation_count(spark)
+    context = spark.sparkContext
+    with generated_code(spark):
+        for i in range(2):
+            merge_alerts(spark, final_values(i), path)
+        before = compilations.getCount()
+        jobs = []
+        for i in range(2, 5):
+            context.setJobGroup(f"merge {i} {tmp_path}", "a test MERGE")
+            merge_alerts(spark, final_values(i), path)
+            jobs.append(len(context.statusTracker().getJobIdsForGroup(f"merge {i} {tmp_path}")))
+        compiled = compilations.getCount() - before
+    context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert spark.read.format("delta").load(path).count() == 5, "a MERGE lost or doubled a row"
+    # Up to 2: the JVM is shared with the worker's other tests (see above).
+    assert compiled <= 2, f"three MERGEs compiled {compiled} classes: new code for each MERGE"
+    assert max(jobs) <= 5, f"Spark jobs per MERGE: {jobs}; Delta copies the source first?"

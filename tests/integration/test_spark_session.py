@@ -120,14 +120,15 @@ def test_a_merge_of_alerts_compiles_no_new_code_and_copies_no_source(
     windows close a slide apart, were new code to compile every time. And Delta copied the
     MERGE's source first, a job of its own, unless told the source cannot change.
 
-    Here: MERGEs of alerts on windows 5 minutes apart, in one hour. Once the first two have
+    Here: MERGEs of alerts (new ones: the MERGE's plan has both its update and its insert
+    clauses whichever it takes) on windows 5 minutes apart, in one hour. Once the first two have
     compiled the MERGE's code, the next ones compile nothing (bounds to the second: 3 classes
     each) and run 5 Spark jobs each (6 with the copy)."""
     path = str(tmp_path / "alerts")
     ensure_table(spark, path, c.ALERTS_COLUMNS, c.ALERTS_PARTITIONED_BY)
     start = pd.Timestamp("2026-12-03 08:00:00")
 
-    def final_values(i: int) -> pd.DataFrame:
+    def alert_on_window(i: int) -> pd.DataFrame:
         window = start + pd.Timedelta(minutes=5 * i)
         windows = pd.DataFrame([{
             "device_id": f"d{i}", "window_start": window,
@@ -141,12 +142,12 @@ def test_a_merge_of_alerts_compiles_no_new_code_and_copies_no_source(
     context = spark.sparkContext
     with generated_code(spark):
         for i in range(2):
-            merge_alerts(spark, final_values(i), path)
+            merge_alerts(spark, alert_on_window(i), path)
         before = compilations.getCount()
         jobs = []
         for i in range(2, 5):
             context.setJobGroup(f"merge {i} {tmp_path}", "a test MERGE")
-            merge_alerts(spark, final_values(i), path)
+            merge_alerts(spark, alert_on_window(i), path)
             jobs.append(len(context.statusTracker().getJobIdsForGroup(f"merge {i} {tmp_path}")))
         compiled = compilations.getCount() - before
     context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]

@@ -66,7 +66,8 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         "spark.sql.streaming.multipleWatermarkPolicy": "max",
         # Delta copies a MERGE's source first (a job, and a cached copy) unless it reads only
         # Delta tables, so that a source that could change between the MERGE's two passes
-        # cannot. Every MERGE here merges rows the driver holds, which cannot change.
+        # cannot. Every MERGE here merges rows the driver holds, which cannot change; a MERGE of
+        # a source that can (files being written, a non-Delta table) must copy it ("auto").
         "spark.databricks.delta.merge.materializeSource": "none",
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": SCHEDULER_POOLS.as_uri(),

@@ -281,8 +281,10 @@ class Partition:
     spec: SilenceSpec
     devices: dict[str, Device] = field(default_factory=dict)
     clock_ms: int | None = None
-    # No device is overdue before this (a lower bound: devices reporting move theirs later).
+    # Lower bounds, made exact by ``next_deadline``: no device is overdue before ``_due_from``
+    # (devices reporting move theirs later), and no device's threshold is below ``_shortest``.
     _due_from: float = field(default=-math.inf, repr=False)
+    _shortest: float = field(default=0.0, repr=False)
 
     @property
     def now_ms(self) -> int | None:
@@ -368,10 +370,18 @@ class Partition:
         """A reading at ``ts`` is about to move the clock. If the partition brought nothing for
         longer than a device's threshold before it, that span is the feed's silence, not the
         device's (module docstring): its deadline moves on by the span."""
-        # No deadline before ts (``_due_from`` is a lower bound): the span was nobody's silence.
-        if self.clock_ms is None or ts <= self.clock_ms or ts <= self._due_from:
+        if self.clock_ms is None or ts <= self.clock_ms:
             return
         gap = ts - self.clock_ms
+        # A device whose deadline is after ts, or whose threshold is at least the span, is not
+        # concerned. Most readings move the clock by far less than any threshold: the bounds
+        # say so without looking at every device of the partition for each reading, which at
+        # thousands of devices a partition was most of the query's cost (docs/PERFORMANCE.md).
+        if ts <= self._due_from or gap <= self._shortest:
+            return
+        self.next_deadline()  # the bounds made exact, once
+        if ts <= self._due_from or gap <= self._shortest:
+            return
         for d in self.devices.values():
             if d.deadline_ms(self.spec) is not None and gap > d.threshold_ms(self.spec):
                 d.heard_ms = (d.heard_ms or 0) + gap
@@ -380,15 +390,18 @@ class Partition:
     def _follow(self, d: Device) -> None:
         """``d``'s deadline moved: the partition's earliest may be it."""
         deadline = d.deadline_ms(self.spec)
-        if deadline is not None:
+        if deadline is not None and d.heard_ms is not None:
             self._due_from = min(self._due_from, deadline)
+            self._shortest = min(self._shortest, deadline - d.heard_ms)
 
     def next_deadline(self) -> int | None:
-        deadlines = [
-            t for d in self.devices.values() if (t := d.deadline_ms(self.spec)) is not None
-        ]
-        self._due_from = min(deadlines) if deadlines else math.inf
-        return min(deadlines) if deadlines else None
+        due, shortest = math.inf, math.inf
+        for d in self.devices.values():
+            deadline = d.deadline_ms(self.spec)
+            if deadline is not None and d.heard_ms is not None:
+                due, shortest = min(due, deadline), min(shortest, deadline - d.heard_ms)
+        self._due_from, self._shortest = due, shortest
+        return None if due == math.inf else int(due)
 
     def _advance(self, clock_ms: int) -> list[dict[str, Any]]:
         """Move the clock; raise ``device_silent`` for the devices it makes overdue."""

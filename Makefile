@@ -10,11 +10,18 @@ STAMP  := $(VENV)/.installed
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
+# Bytecode compiled at install: uv does not by default, and where Python may not write it at
+# run time (PYTHONDONTWRITEBYTECODE, set on this project's machines and in many containers),
+# every process (the CLI, each Spark Python worker, each test's subprocess) compiled every module
+# it imports from source, pandas included: 2.4 CPU s for `import pipeline.silence`, against
+# 0.9-1.0 s (docs/PERFORMANCE.md). Our own packages are compiled too; a module edited since is
+# compiled again in memory, as before.
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.10+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 10) else None'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[all,dev]'
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[all,dev]'
+	$(BIN)/python -m compileall -q infra simulator pipeline models dashboard iotfraud
 	touch $(STAMP)
 
 system-deps: ## Debian packages the demo needs (Java 17); no-op when present

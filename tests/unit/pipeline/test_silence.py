@@ -406,7 +406,7 @@ def test_a_reading_looks_at_its_own_device_not_at_every_device_of_the_partition(
         readings += len(batch)
     assert [(ch["device_id"], ch["start_ms"]) for ch in changes] == [("m0", at(80))]
     # About one look per reading (its own device), and a look at all of them each time the
-    # clock passes a deadline; the defect was 500 looks per reading.
+    # clock passes a deadline; the defect was 200 looks per reading.
     assert asked < 3 * readings, (asked, readings)
 
 

@@ -134,7 +134,7 @@ def test_alert_latency_leaves_out_alerts_whose_batch_id_is_another_querys(
     assert latency.p50 == pytest.approx(committed.timestamp() - (t0.timestamp() + 15))
 
 
-def test_the_demo_reads_for_silences_at_the_simulated_clocks_pace_every_20_s_at_most(
+def test_the_demo_reads_for_silences_at_the_simulated_clocks_pace_not_more_often_than_20_s(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from iotfraud.demo import pipeline_timing

@@ -56,7 +56,7 @@ from pipeline.firmware import (
     unauthorized_changes,
 )
 from pipeline.ingest import IngestBatchWriter
-from pipeline.maintenance import apply_retention
+from pipeline.maintenance import apply_table_properties
 from pipeline.metrics import MetricsListener
 from pipeline.publish import (
     AlertPublisher,
@@ -450,8 +450,8 @@ def prepare(
     check_locations(settings)
     check_topic(settings)
     # Before any query writes (it changes table metadata), and before the missing tables are
-    # created: they take the retention from the session's default.
-    apply_retention(spark, settings)
+    # created: they take the properties from the session's defaults.
+    apply_table_properties(spark, settings)
     ensure_tables(spark, settings.lake_root)
     publisher = None
     if settings.source == "kafka" and settings.alerts_topic:

@@ -9,10 +9,11 @@ a restart's state load) open every file, so their cost grows with the count, not
    long ago; their final rows are in ``features``).
 2. OPTIMIZE (bin-packing compaction of the small files; files already large are left alone, so
    a table is not rewritten again and again as it grows).
-3. VACUUM with the retention of the settings (each table's own, set by ``apply_retention`` when
-   the pipeline starts): files that compaction or deletion replaced are deleted once older than
-   that. Readers still on an older snapshot, streams reading behind, and time travel within the
-   retention keep working; the default is Delta's own (7 days).
+3. VACUUM with the retention of the settings (each table's own, set by
+   ``apply_table_properties`` when the pipeline starts): files that compaction or deletion
+   replaced are deleted once older than that. Readers still on an older snapshot, streams
+   reading behind, and time travel within the retention keep working; the default is Delta's
+   own (7 days).
 
 It runs inside ``pipeline run`` every ``IOT_PIPELINE_MAINTENANCE_INTERVAL`` on a thread of its
 own, and on demand with ``iotfraud maintain``. Its commits change neither data nor metadata, so
@@ -102,21 +103,37 @@ def prune_changes(spark: SparkSession, table: DeltaTable, keep_s: float) -> int:
 
 
 RETENTION = "delta.deletedFileRetentionDuration"
+CHECKPOINT_INTERVAL = "delta.checkpointInterval"
 
 
 def retention_property(retention: str) -> str:
     return f"interval {seconds(retention)} seconds"
 
 
-def apply_retention(spark: SparkSession, settings: PipelineSettings) -> None:
-    """Make ``IOT_PIPELINE_VACUUM_RETENTION`` each table's own retention: for the tables this
-    session creates from now on (a session default) and for those that exist. Run it before the
+def table_properties(settings: PipelineSettings) -> dict[str, str]:
+    """The Delta table properties the settings give every table the pipeline writes.
+
+    The checkpoint interval: Delta writes a checkpoint of a table's log in the commit whose
+    version is a multiple of it, before that commit returns. At Delta's default of 10, one
+    micro-batch in ten of every query waited seconds for one (docs/PERFORMANCE.md); the price of
+    a longer interval is the commits a reader replays since the last checkpoint.
+    """
+    return {
+        RETENTION: retention_property(settings.vacuum_retention),
+        CHECKPOINT_INTERVAL: str(settings.delta_checkpoint_interval),
+    }
+
+
+def apply_table_properties(spark: SparkSession, settings: PipelineSettings) -> None:
+    """Give the tables the pipeline writes the properties of ``table_properties``: those this
+    session creates from now on (session defaults) and those that exist. Run it before the
     streaming queries start: a table property is a metadata change, and a concurrent append fails
     on it (``MetadataChangedException``), so maintenance itself never changes one.
     """
-    wanted = retention_property(settings.vacuum_retention)
-    spark.conf.set(f"spark.databricks.delta.properties.defaults.{RETENTION.removeprefix('delta.')}",
-                   wanted)  # fmt: skip
+    wanted = table_properties(settings)
+    for key, value in wanted.items():
+        spark.conf.set(f"spark.databricks.delta.properties.defaults.{key.removeprefix('delta.')}",
+                       value)  # fmt: skip
     for name in MAINTAINED:
         path = lake.table_path(settings.lake_root, name)
         if not DeltaTable.isDeltaTable(spark, path):
@@ -124,8 +141,10 @@ def apply_retention(spark: SparkSession, settings: PipelineSettings) -> None:
         # The table's metadata only (DESCRIBE DETAIL would also count its files: a job a table).
         shown = spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()
         properties = {row.key: row.value for row in shown}
-        if properties.get(RETENTION) != wanted:
-            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{RETENTION}' = '{wanted}')")
+        changed = {k: v for k, v in wanted.items() if properties.get(k) != v}
+        if changed:
+            pairs = ", ".join(f"'{k}' = '{v}'" for k, v in changed.items())
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({pairs})")
 
 
 def maintain_table(
@@ -140,7 +159,7 @@ def maintain_table(
         name == lake.FEATURE_CHANGES
     ) else 0  # fmt: skip
     table.optimize().executeCompaction()
-    # VACUUM takes the table's own retention, which ``apply_retention`` set from the settings.
+    # VACUUM takes the table's own retention (``apply_table_properties`` set it from settings).
     # The Python API's vacuum() says nothing of what it deleted; a dry run lists it first.
     vacuumed = spark.sql(f"VACUUM delta.`{path}` DRY RUN").count()
     if vacuumed:

@@ -118,6 +118,13 @@ class PipelineSettings(CommonSettings):
         description="VACUUM deletes replaced files older than this: readers and time travel "
         "within it keep working (Delta's default, 7 days)",
     )
+    delta_checkpoint_interval: int = Field(
+        default=100,
+        ge=1,
+        description="Commits between checkpoints of a table's Delta log. The commit that "
+        "reaches one writes it, inside a micro-batch (seconds on a busy machine); readers "
+        "replay the commits since the last (Delta's default: 10)",
+    )
     alerts_topic: str = Field(
         default="iot.alerts",
         description="Kafka topic every alert change is published to (JSON, keyed by device_id; "

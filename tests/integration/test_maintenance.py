@@ -17,7 +17,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 
 from infra import lake as tables
-from pipeline.maintenance import active_files, apply_retention, maintain
+from pipeline.maintenance import active_files, apply_table_properties, maintain
 from pipeline.settings import PipelineSettings
 
 pytestmark = pytest.mark.integration
@@ -32,6 +32,14 @@ def windows(spark: Any, start_min: int, batch: int, devices: int = 3) -> Any:
     rows = [(f"d{d}", start, start + timedelta(minutes=10), start + timedelta(minutes=9), 5, batch)
             for d in range(devices)]  # fmt: skip
     return spark.createDataFrame(rows, SCHEMA)
+
+
+def unset_table_defaults(spark: Any) -> None:
+    """Tables created later in the test session take Delta's defaults again."""
+    from pipeline.maintenance import table_properties
+
+    for key in table_properties(PipelineSettings()):
+        spark.conf.unset(f"spark.databricks.delta.properties.defaults.{key.removeprefix('delta.')}")
 
 
 def rows_of(spark: Any, path: str) -> list[tuple[Any, ...]]:
@@ -56,43 +64,60 @@ def test_small_files_are_compacted_and_old_ones_vacuumed(spark: Any, lake: str) 
 
     # A shorter retention takes effect when the pipeline next starts (it sets it then).
     shorter = settings.model_copy(update={"vacuum_retention": "0 seconds"})
-    apply_retention(spark, shorter)
+    apply_table_properties(spark, shorter)
     (report,) = [r for r in maintain(spark, shorter) if r.table == tables.FEATURES]
-    spark.conf.unset("spark.databricks.delta.properties.defaults.deletedFileRetentionDuration")
+    unset_table_defaults(spark)
     assert (report.files_before, report.files_after, report.files_vacuumed) == (1, 1, 12)
     assert len(list(Path(path).glob("*.parquet"))) == 1
     assert rows_of(spark, path) == before
 
 
-def test_a_pipeline_start_gives_each_table_the_retention_of_its_settings(
+def test_a_pipeline_start_gives_each_table_the_properties_of_its_settings(
     spark: Any, lake: str, bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     from pipeline import job
-    from pipeline.maintenance import MAINTAINED, RETENTION
+    from pipeline.maintenance import CHECKPOINT_INTERVAL, MAINTAINED, RETENTION
     from pipeline.sinks import CONTRACT_TABLES
 
     created = [t for t in MAINTAINED if t in CONTRACT_TABLES]  # the rest come with the queries
+    assert created
 
-    def retention(table: str) -> str | None:
+    def properties(table: str) -> tuple[str | None, str | None]:
         path = tables.table_path(lake, table)
-        return dict(spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()).get(RETENTION)
+        shown = dict(spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect())
+        return shown.get(RETENTION), shown.get(CHECKPOINT_INTERVAL)
 
     settings = PipelineSettings(
         lake_root=lake, checkpoint_root=str(tmp_path / "cp"), bootstrap_servers=bootstrap,
         topic=make_topic(partitions=1), firmware_topic="", alerts_topic="",
         mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}", vacuum_retention="48 hours",
+        delta_checkpoint_interval=5,
     )  # fmt: skip
     try:
         job.prepare(spark, settings)  # a first start creates the tables
-        assert {t: retention(t) for t in created} == dict.fromkeys(
-            created, "interval 172800 seconds"
+        assert {t: properties(t) for t in created} == dict.fromkeys(
+            created, ("interval 172800 seconds", "5")
         )
-        job.prepare(spark, settings.model_copy(update={"vacuum_retention": "96 hours"}))
-        assert {t: retention(t) for t in created} == dict.fromkeys(
-            created, "interval 345600 seconds"
+        # A table the queries create later (their first write) takes them from the session, and
+        # Delta checkpoints its log in the commit whose version is a multiple of the interval:
+        # at 5, version 5 writes one (at Delta's default, 10, none would be there).
+        changes = tables.table_path(lake, tables.FEATURE_CHANGES)
+        for batch in range(6):  # versions 0 to 5
+            windows(spark, 5 * batch, batch).write.format("delta").mode("append").save(changes)
+        assert properties(tables.FEATURE_CHANGES) == ("interval 172800 seconds", "5")
+        log = Path(changes) / "_delta_log"
+        assert [p.name for p in log.glob("*.checkpoint.parquet")] == [
+            "00000000000000000005.checkpoint.parquet"
+        ]
+
+        later = {"vacuum_retention": "96 hours", "delta_checkpoint_interval": 50}
+        job.prepare(spark, settings.model_copy(update=later))
+        again = [*created, tables.FEATURE_CHANGES]
+        assert {t: properties(t) for t in again} == dict.fromkeys(
+            again, ("interval 345600 seconds", "50")
         )
     finally:
-        spark.conf.unset("spark.databricks.delta.properties.defaults.deletedFileRetentionDuration")
+        unset_table_defaults(spark)
 
 
 def test_the_feature_changelog_keeps_what_a_restart_reads(spark: Any, lake: str) -> None:

@@ -19,7 +19,7 @@ from infra.spark import build_spark_session
 from pipeline import job
 from pipeline.fastpath import realtime_master
 from pipeline.progress import FallingBehind
-from pipeline.settings import PipelineSettings, seconds
+from pipeline.settings import PipelineSettings
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +27,6 @@ log = logging.getLogger(__name__)
 @group("pipeline")
 def cli() -> None:
     """The Spark Structured Streaming job."""
-
-
-def falling_behind(settings: PipelineSettings, log_file: Path | None) -> FallingBehind:
-    """The once-only warning about queries slower than their trigger (the job's intervals)."""
-    trigger = seconds(settings.trigger_interval)
-    firmware = seconds(settings.firmware_trigger_interval)
-    intervals = {job.INGEST: trigger, job.DETECTION: trigger,
-                 job.FIRMWARE_INGEST: firmware, job.FIRMWARE: firmware}  # fmt: skip
-    return FallingBehind(intervals, log_file=None if log_file is None else str(log_file))
 
 
 @cli.command()
@@ -91,7 +82,7 @@ def run(
         drain.set()
         stop.set()
 
-    behind = falling_behind(settings, current.log_file)
+    behind = FallingBehind(log_file=None if current.log_file is None else str(current.log_file))
     # SIGUSR1: stop once caught up (the demo's stop, after its simulator's).
     signal.signal(signal.SIGUSR1, request_drain)
     with stop_signals(request_stop):  # Ctrl-C, SIGTERM and a closed terminal

@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -44,24 +45,54 @@ def progress_row(progress: dict[str, Any]) -> dict[str, Any]:
 
 def kafka_end_offsets(sources: list[dict[str, Any]]) -> str | None:
     """The end offsets of a progress's Kafka sources as one JSON object, {topic: {partition:
-    offset}}; None without a Kafka source. A Kafka source's offsets are that shape (Spark gives
-    them parsed, or as JSON text); a Delta source's are not."""
+    offset}}; None without a Kafka source."""
     ends: dict[str, dict[str, int]] = {}
     for source in sources:
-        offsets = source.get("endOffset")
-        if isinstance(offsets, str):
-            try:
-                offsets = json.loads(offsets)
-            except ValueError:
-                continue
-        if (
-            isinstance(offsets, dict)
-            and offsets
-            and all(isinstance(parts, dict) for parts in offsets.values())
-        ):
-            for topic, parts in offsets.items():
-                ends.setdefault(topic, {}).update({str(p): int(o) for p, o in parts.items()})
+        for topic, parts in (_kafka_offsets(source.get("endOffset")) or {}).items():
+            ends.setdefault(topic, {}).update({str(p): o for p, o in parts.items()})
     return json.dumps(ends, sort_keys=True) if ends else None
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """Where a micro-batch found its Kafka topics when it was planned."""
+
+    latest: int  # the topics' latest offsets, summed over their partitions
+    waiting: int  # messages of those it had not read before (the consumer lag)
+
+
+def kafka_backlog(sources: list[dict[str, Any]]) -> Backlog | None:
+    """The backlog a progress's Kafka sources found: their latest offsets less their start
+    offsets. None without a Kafka source, or when Spark reports no start (a query's first
+    batch) or no latest offsets."""
+    latest = waiting = 0
+    found = False
+    for source in sources:
+        start = _kafka_offsets(source.get("startOffset"))
+        newest = _kafka_offsets(source.get("latestOffset"))
+        if start is None or newest is None:
+            continue
+        for topic, parts in newest.items():
+            for partition, offset in parts.items():
+                latest += offset
+                waiting += max(0, offset - start.get(topic, {}).get(partition, offset))
+        found = True
+    return Backlog(latest, waiting) if found else None
+
+
+def _kafka_offsets(offsets: Any) -> dict[str, dict[str, int]] | None:
+    """Offsets as a Kafka source reports them (parsed, or as JSON text): {topic: {partition:
+    offset}}; None for anything else (a Delta source's offsets, none)."""
+    if isinstance(offsets, str):
+        try:
+            offsets = json.loads(offsets)
+        except ValueError:
+            return None
+    if not isinstance(offsets, dict) or not offsets:
+        return None
+    if not all(isinstance(parts, dict) for parts in offsets.values()):
+        return None
+    return {t: {str(p): int(o) for p, o in parts.items()} for t, parts in offsets.items()}
 
 
 def _ts(text: str | None) -> datetime | None:
@@ -77,8 +108,13 @@ def _watermark(text: str | None) -> datetime | None:
     return None if at is None or at <= c.NO_WATERMARK else at
 
 
+# ``MetricsListener.latest``: each query's latest row, with its ``Backlog`` under this key.
+BACKLOG = "kafka_backlog"
+
+
 class MetricsListener(StreamingQueryListener):
-    """Buffers a row per query progress; ``flush`` appends them to ``pipeline_metrics``."""
+    """Buffers a row per query progress; ``flush`` appends them to ``pipeline_metrics``, and
+    ``latest`` keeps each query's latest row and Kafka backlog (``BACKLOG``)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -92,11 +128,12 @@ class MetricsListener(StreamingQueryListener):
     def onQueryProgress(self, event: Any) -> None:
         progress = json.loads(event.progress.json)
         row = progress_row(progress)
-        log.debug("%s batch %d took (ms): %s", row["query_name"], row["batch_id"],
-                  progress.get("durationMs"))  # fmt: skip
+        backlog = kafka_backlog(progress.get("sources") or [])
+        log.debug("%s batch %d took (ms): %s; Kafka backlog at planning: %s", row["query_name"],
+                  row["batch_id"], progress.get("durationMs"), backlog)  # fmt: skip
         with self._lock:
             self._rows.append(row)
-            self.latest[row["query_name"]] = row
+            self.latest[row["query_name"]] = {**row, BACKLOG: backlog}
 
     def onQueryIdle(self, event: Any) -> None:
         pass

@@ -1,62 +1,92 @@
 """What the running pipeline tells its terminal beside the progress line: that it keeps
 falling behind, once.
 
-Spark logs "Current batch is falling behind" at every micro-batch that takes longer than its
-trigger interval; that goes to the log file (``infra.logs``), and this says it once, when it
-lasts.
+Falling behind means the input waiting in Kafka keeps growing, so results come later and later.
+A micro-batch longer than its trigger interval does not mean that: Spark logs "Current batch is
+falling behind" for each one (in the log file, ``infra.logs``), yet on a small machine that is
+the steady state, each batch taking what arrived while the last one ran.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+
+from pipeline.metrics import BACKLOG, Backlog
 
 
 @dataclass
 class FallingBehind:
     """Follows each query's latest micro-batch (``MetricsListener.latest``) and words one
-    warning, the first time a query's micro-batches took longer than its trigger interval
-    ``batches`` times in a row.
+    warning, the first time a query's Kafka backlog grew ``batches`` micro-batches in a row, to
+    at least ``growth`` times what it was and at least ``floor_s`` seconds of input.
+
+    The backlog is counted in seconds of input: the messages waiting when a batch was planned,
+    over the rate at which messages arrived since the query's batch before. A fleet that sends
+    more keeps more messages waiting per batch without falling behind; a backlog of more seconds
+    of input each time is what does not end. A query that takes all that waits finds, at its
+    next batch, what arrived while this one ran: its backlog in seconds is then how long its
+    last batch took, which grows and shrinks by a few seconds as windows close, and runs of
+    growth that end a few seconds up are that, not a falling behind.
 
     Args:
-        intervals_s: trigger interval of each query, in seconds.
-        batches: how many such micro-batches in a row make it last (the first ones after a
-            start load state and catch up, and are slow anyway).
+        batches: how many growing micro-batches in a row make it last.
+        growth: how much the backlog must have grown over them.
+        floor_s: how many seconds of input it must have grown to.
         log_file: where Spark's own lines are, named in the warning.
     """
 
-    intervals_s: Mapping[str, float]
     batches: int = 5
+    growth: float = 2.0
+    floor_s: float = 30.0
     log_file: str | None = None
-    _seen: dict[str, int] = field(default_factory=dict)
-    _slow: dict[str, list[float]] = field(default_factory=dict)
+    _last: dict[str, tuple[int, datetime, Backlog]] = field(default_factory=dict)
+    _growing: dict[str, list[float]] = field(default_factory=dict)
     _warned: bool = False
 
     def update(self, latest: Mapping[str, Mapping[str, Any]]) -> str | None:
-        """The warning, when a query has just been slow ``batches`` times in a row (once)."""
+        """The warning, when a query's backlog has just grown long enough (once)."""
         if self._warned:
             return None
         for query, row in sorted(latest.items()):
-            interval = self.intervals_s.get(query)
-            if interval is None or self._seen.get(query) == row["batch_id"]:  # or no new batch
-                continue
-            self._seen[query] = row["batch_id"]
-            took = row["batch_duration_ms"] / 1000
-            slow = self._slow.setdefault(query, [])
-            if took <= interval:
-                slow.clear()
-                continue
-            slow.append(took)
-            if len(slow) >= self.batches:
+            backlog, at = row.get(BACKLOG), row.get("timestamp")
+            last = self._last.get(query)
+            if backlog is None or at is None or (last is not None and last[0] == row["batch_id"]):
+                continue  # no Kafka source, or no new batch
+            self._last[query] = (row["batch_id"], at, backlog)
+            seconds = None if last is None else input_seconds(last[1:], (at, backlog))
+            growing = self._growing.setdefault(query, [])
+            if seconds is None or (growing and seconds <= growing[-1]):
+                growing.clear()
+            if seconds is not None:
+                growing.append(seconds)
+            if (
+                len(growing) > self.batches
+                and growing[-1] >= self.growth * growing[0]
+                and growing[-1] >= self.floor_s
+            ):
                 self._warned = True
-                return self._message(query, interval, slow)
+                return self._message(query, growing, backlog.waiting)
         return None
 
-    def _message(self, query: str, interval: float, slow: list[float]) -> str:
+    def _message(self, query: str, growing: list[float], waiting: int) -> str:
         where = f"; Spark's warnings: {self.log_file}" if self.log_file else ""
         return (
-            f"falling behind: {len(slow)} {query} micro-batches in a row took "
-            f"{min(slow):.1f}-{max(slow):.1f} s against a {interval:g} s trigger, so results "
-            f"come later; more cores (IOT_SPARK_MASTER) or less input help{where} (said once)"
+            f"falling behind: the {query} query's Kafka backlog grew {len(growing) - 1} "
+            f"micro-batches in a row, from {growing[0]:.1f} s to {growing[-1]:.1f} s of input "
+            f"({waiting:,} messages), so results come later and later; more cores "
+            f"(IOT_SPARK_MASTER) or less input help{where} (said once)"
         )
+
+
+def input_seconds(before: tuple[datetime, Backlog], now: tuple[datetime, Backlog]) -> float | None:
+    """The messages waiting ``now``, in seconds of input at the rate they arrived since
+    ``before`` (each a batch's planning time and backlog). None when none arrived: a backlog
+    that gets no input cannot grow."""
+    arrived = now[1].latest - before[1].latest
+    elapsed = (now[0] - before[0]).total_seconds()
+    if arrived <= 0 or elapsed <= 0:
+        return None
+    return now[1].waiting / (arrived / elapsed)

@@ -17,6 +17,7 @@ from infra import lake
 from infra.spark import ALERTS_POOL
 from pipeline import job
 from pipeline.detection import window_states
+from pipeline.metrics import BACKLOG
 from pipeline.settings import PipelineSettings
 from tests.pipeline_helpers import (
     device_series,
@@ -162,6 +163,12 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
         ends = json.loads(last.kafka_end_offsets)
         assert list(ends) == [topic] and len(ends[topic]) == 3
         assert sum(ends[topic].values()) == messages_in_topic(bootstrap, topic)
+        # What the falling-behind warning follows (``pipeline.progress``): the topic's latest
+        # offsets when the batch was planned (here the whole topic), and what of it waited,
+        # which this batch took (no maxOffsetsPerTrigger left any behind).
+        backlog = pipeline.listener.latest[query][BACKLOG]
+        assert backlog.latest == messages_in_topic(bootstrap, topic)
+        assert backlog.waiting == last.num_input_rows
 
 
 def test_files_source_feeds_the_same_pipeline(spark: Any, lake: str, tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from pipeline.metrics import progress_row
+from pipeline.metrics import Backlog, kafka_backlog, progress_row
 
 PROGRESS = {"name": "features", "runId": "r1", "batchId": 3,
             "timestamp": "2026-11-25T08:00:05.000Z", "numInputRows": 10}  # fmt: skip
@@ -32,3 +32,23 @@ def test_a_batchs_kafka_end_offsets_are_kept_and_other_sources_are_not() -> None
     }  # fmt: skip
     assert progress_row({**PROGRESS, "sources": [delta]})["kafka_end_offsets"] is None
     assert progress_row(PROGRESS)["kafka_end_offsets"] is None
+
+
+def test_a_batchs_kafka_backlog_is_what_its_topics_held_beyond_its_start() -> None:
+    telemetry = {"description": "KafkaV2[Subscribe[iot.telemetry]]",
+                 "startOffset": {"iot.telemetry": {"0": 100, "1": 40}},
+                 "endOffset": {"iot.telemetry": {"0": 150, "1": 60}},
+                 "latestOffset": {"iot.telemetry": {"0": 180, "1": 60}}}  # fmt: skip
+    firmware = {"description": "KafkaV2[Subscribe[iot.firmware]]",
+                "startOffset": '{"iot.firmware": {"0": 4}}',
+                "latestOffset": '{"iot.firmware": {"0": 9}}'}  # fmt: skip
+    delta = {"description": "DeltaSource[quarantine]",
+             "startOffset": {"sourceVersion": 1, "reservoirVersion": 2, "index": -1},
+             "latestOffset": {"sourceVersion": 1, "reservoirVersion": 3, "index": -1}}  # fmt: skip
+    first = {**telemetry, "startOffset": None}  # a query's first batch reports no start
+
+    assert kafka_backlog([telemetry, firmware, delta]) == Backlog(latest=249, waiting=105)
+    assert kafka_backlog([telemetry]) == Backlog(latest=240, waiting=100)
+    assert kafka_backlog([first]) is None
+    assert kafka_backlog([delta]) is None
+    assert kafka_backlog([]) is None

@@ -1,45 +1,107 @@
-"""The pipeline's once-only warning about queries that keep falling behind (issue 23)."""
+"""The pipeline's once-only warning about queries that keep falling behind (issue 23): a Kafka
+backlog that keeps growing, not micro-batches longer than their trigger."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from pipeline.metrics import BACKLOG, Backlog
 from pipeline.progress import FallingBehind
 
-
-def batch(batch_id: int, seconds: float) -> dict[str, float]:
-    return {"batch_id": batch_id, "batch_duration_ms": seconds * 1000}
+START = datetime(2026, 12, 4, 23, 0, tzinfo=timezone.utc)
 
 
-def test_a_query_slower_than_its_trigger_three_batches_in_a_row_is_reported_once() -> None:
-    behind = FallingBehind(
-        {"detection": 1.0, "ingest": 1.0, "firmware": 30.0}, batches=3, log_file="/logs/x.log"
-    )
+def query(
+    took: Callable[[int], float],
+    rate: Callable[[int], float] = lambda _batch: 500.0,
+    most: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    """The ``MetricsListener.latest`` rows of a query that takes the messages waiting when it
+    plans a batch (at most ``most``, maxOffsetsPerTrigger): a batch of n messages takes
+    ``took(n)`` seconds, while ``rate(k)`` messages a second arrive during batch k."""
+    at, latest, start = START, 0, 0
+    for batch_id in range(60):
+        waiting = latest - start
+        yield {"batch_id": batch_id, "timestamp": at, BACKLOG: Backlog(latest, waiting)}
+        taken = waiting if most is None else min(waiting, most)
+        seconds = took(taken)
+        start += taken
+        latest += round(rate(batch_id) * seconds)
+        at += timedelta(seconds=seconds)
 
-    said = [
-        behind.update({"detection": batch(0, 4.0), "ingest": batch(0, 2.0)}),
-        behind.update({"detection": batch(0, 4.0), "ingest": batch(0, 2.0)}),  # no new batch
-        behind.update({"detection": batch(1, 2.5), "ingest": batch(1, 2.0)}),
-        behind.update({"detection": batch(2, 3.0), "ingest": batch(2, 2.0)}),
-        behind.update(
-            {"detection": batch(3, 5.0), "ingest": batch(3, 2.0), "firmware": batch(0, 40.0)}
-        ),
+
+def said(behind: FallingBehind, rows: Iterator[dict[str, Any]], name: str = "ingest") -> list[str]:
+    return [w for row in rows if (w := behind.update({name: row})) is not None]
+
+
+def test_batches_longer_than_their_trigger_that_keep_up_are_not_falling_behind() -> None:
+    # What two cores give: a 1 s trigger, batches of 3-7 s, some longer as windows close.
+    durations = [3.0, 4.0, 3.5, 5.0, 4.2, 6.9, 4.8, 3.1, 3.3, 3.9, 4.4, 5.5, 7.0, 3.0]
+
+    spell = iter(durations * 5)
+
+    def took(_messages: int) -> float:
+        return next(spell)
+
+    assert said(FallingBehind(), query(took)) == []
+
+
+def falling(messages: int) -> float:
+    """2 s a batch plus 450 messages a second, against 500 arriving: each batch finds more."""
+    return 2.0 + max(messages, 1000) / 450
+
+
+def warned_at(behind: FallingBehind, rows: list[dict[str, Any]]) -> list[int]:
+    return [row["batch_id"] for row in rows if behind.update({"ingest": row}) is not None]
+
+
+def test_a_backlog_that_keeps_growing_is_reported_once() -> None:
+    behind = FallingBehind(log_file="/logs/x.log")
+
+    warnings = said(behind, query(falling), "detection")
+
+    assert warnings == [
+        "falling behind: the detection query's Kafka backlog grew 8 micro-batches in a row, "
+        "from 4.2 s to 33.6 s of input (16,813 messages), so results come later and later; more "
+        "cores (IOT_SPARK_MASTER) or less input help; Spark's warnings: /logs/x.log (said once)"
     ]
 
-    assert said == [None, None, None, (
-        "falling behind: 3 detection micro-batches in a row took 2.5-4.0 s against a 1 s "
-        "trigger, so results come later; more cores (IOT_SPARK_MASTER) or less input help; "
-        "Spark's warnings: /logs/x.log (said once)"
-    ), None]  # fmt: skip
+
+def test_a_backlog_that_grows_beyond_what_a_batch_may_take_is_reported() -> None:
+    # Batches capped at 2,000 messages take 6.4 s, while 3,200 arrive: the batches stay as
+    # long, and the backlog grows by 1,200 messages each time.
+    rows = list(query(falling, most=2000))
+
+    assert {round(falling(2000), 1)} == {round(falling(min(r[BACKLOG].waiting, 2000)), 1)
+                                         for r in rows[3:]}  # fmt: skip
+    assert warned_at(FallingBehind(), rows) == [12]
 
 
-def test_a_batch_within_the_trigger_starts_the_count_again() -> None:
-    behind = FallingBehind({"ingest": 1.0}, batches=2)
+def test_a_fleet_that_sends_more_and_more_is_not_falling_behind() -> None:
+    # Twice the messages each batch, each batch as long: more waiting, the same seconds of it.
+    rows = list(query(lambda _messages: 4.0, rate=lambda batch: 50.0 * 2**batch))[:20]
 
-    said = [behind.update({"ingest": batch(i, s)}) for i, s in enumerate([3.0, 0.5, 3.0, 0.9])]
+    assert rows[-1][BACKLOG].waiting > 100 * rows[2][BACKLOG].waiting
+    assert said(FallingBehind(batches=2), iter(rows)) == []
 
-    assert said == [None, None, None, None]
+
+def test_the_same_batch_seen_twice_counts_once() -> None:
+    rows = list(query(falling))
+
+    assert warned_at(FallingBehind(), rows) == [9]
+    assert warned_at(FallingBehind(), [row for row in rows for _twice in (1, 2)]) == [9]
 
 
-def test_queries_without_a_known_trigger_are_left_alone() -> None:
-    behind = FallingBehind({"ingest": 1.0}, batches=1)
+def test_a_backlog_that_gets_no_input_starts_the_count_again() -> None:
+    rows = list(query(falling))
+    last = rows[5]
+    # A second after batch 5, none arrived (the fleet paused): 9,999 waiting count for nothing.
+    paused = {"batch_id": 6, "timestamp": last["timestamp"] + timedelta(seconds=1),
+              BACKLOG: Backlog(last[BACKLOG].latest, 9999)}  # fmt: skip
+    no_kafka = {"batch_id": 7, "timestamp": START, BACKLOG: None}  # a Delta source: ignored
+    after = [{**row, "batch_id": row["batch_id"] + 2} for row in rows[6:]]
 
-    assert behind.update({"fast_path": batch(0, 99.0)}) is None
+    # Without the pause it warns at batch 9 (above); after it, the count starts again.
+    assert warned_at(FallingBehind(), [*rows[:6], paused, no_kafka, *after]) == [13]

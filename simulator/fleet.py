@@ -8,6 +8,7 @@ interval, signal parameters), so a slice of simulated time is generated for ever
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +21,21 @@ log = logging.getLogger(__name__)
 
 DAY_S = 86400.0
 _M = METRIC_INDEX
+# How fast a device's reading counter is taken to have counted since 1970 when a run starts.
+SEQ_PER_SECOND = 10
+
+
+def first_seq(start: datetime) -> int:
+    """The counter every device has reached when a run's simulated clock starts at ``start``.
+
+    A real device's counter goes on when whatever relays its readings restarts. Counted from 0 in
+    every run, a rerun's first readings had the sequence numbers of the last run's in every window
+    holding both: more readings than numbers, which the clone rule reads as a second sender with
+    the device's id (the whole fleet, on a demo run again within ten minutes). Counted from the
+    start time at a pace no device reaches (a flood sends 2 readings a second), a later run's
+    numbers begin past every number an earlier one used.
+    """
+    return int(start.timestamp()) * SEQ_PER_SECOND
 
 
 class Fleet:
@@ -29,7 +45,14 @@ class Fleet:
     the registry, are appended while the simulation runs.
     """
 
-    def __init__(self, registry: pa.Table, settings: SimulatorSettings, rng: np.random.Generator):
+    def __init__(
+        self,
+        registry: pa.Table,
+        settings: SimulatorSettings,
+        rng: np.random.Generator,
+        *,
+        first_seq: int = 0,
+    ):
         data = registry.select(
             ["device_id", "device_type", "site_lat", "site_lon", "expected_firmware", "status"]
         ).to_pydict()
@@ -46,7 +69,8 @@ class Fleet:
         active = np.asarray([s == "active" for s in data["status"]], dtype=bool)
         self.live_from = np.where(active, -np.inf, np.inf)
         self.live_to = np.full(n, np.inf)
-        self.seq = np.zeros(n, dtype=np.int64)
+        self.first_seq = first_seq  # each device's counter before its first reading
+        self.seq = np.full(n, first_seq, dtype=np.int64)
         self._id_rows: StringTable | None = None
         self._fw_rows: StringTable | None = None
         self.params = self._signal_params(n, settings.interval_min_s, settings.interval_max_s, rng)
@@ -87,7 +111,7 @@ class Fleet:
         self.firmware = np.append(self.firmware, self.firmware_code(f"{device_type[:2]}-1.0.0"))
         self.live_from = np.append(self.live_from, np.inf)
         self.live_to = np.append(self.live_to, np.inf)
-        self.seq = np.append(self.seq, 0)
+        self.seq = np.append(self.seq, self.first_seq)
         extra = self._signal_params(1, 10.0, 30.0, rng)
         for name, values in extra.items():
             self.params[name] = np.append(self.params[name], values)

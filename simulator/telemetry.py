@@ -41,7 +41,7 @@ import pyarrow as pa
 from infra import contract as c
 from simulator import scenarios as sc
 from simulator.events import Events, clamp_to_contract, encode, uuid4_rows
-from simulator.fleet import Fleet, signals
+from simulator.fleet import Fleet, first_seq, signals
 from simulator.settings import SimulatorSettings
 
 log = logging.getLogger(__name__)
@@ -95,9 +95,9 @@ class Simulation:
     ) -> None:
         self.settings = settings
         self.rng = np.random.default_rng(settings.seed)
-        self.fleet = Fleet(registry, settings, self.rng)
         start = start_time or settings.start_time or datetime.now(timezone.utc)
         self.start_time = sc.utc(start)
+        self.fleet = Fleet(registry, settings, self.rng, first_seq=first_seq(self.start_time))
         self.start_epoch = self.start_time.timestamp()
         self.start_ms = round(self.start_epoch * 1000)
         self.run_id = run_id or settings.run_id or str(uuid.uuid4())

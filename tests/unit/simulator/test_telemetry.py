@@ -312,3 +312,26 @@ def test_iso_times_and_uuids() -> None:
     ids = [bytes(r).decode() for r in uuid4_rows(np.random.default_rng(1), 100)]
     assert all(uuid.UUID(i).version == 4 and str(uuid.UUID(i)) == i for i in ids)
     assert len(set(ids)) == 100
+
+
+@pytest.mark.parametrize("pause_min", [5, -15], ids=["after-a-pause", "clocks-overlapping"])
+def test_a_rerun_numbers_each_devices_readings_after_the_last_run(
+    registry: pa.Table, pause_min: int
+) -> None:
+    # The same command again (same seed), five minutes after the first run ended; or an
+    # accelerated demo's rerun, whose simulated clock starts before the last run's ended.
+    settings = SimulatorSettings(devices=200, seed=3, scenarios=[], batch_events=4000)
+    runs = []
+    for start in (START, START + timedelta(minutes=20 + pause_min)):
+        sim = Simulation(settings, registry, start_time=start)
+        runs.append([json.loads(v) for b in sim.batches(sim_seconds=1200) for v in b.values])
+    seqs: dict[str, list[list[int]]] = defaultdict(lambda: [[], []])
+    for run, events in enumerate(runs):
+        for e in events:
+            seqs[e["device_id"]][run].append(e["seq"])
+
+    for device_id, (first, second) in seqs.items():
+        assert first and second and max(first) < min(second), device_id
+        # The clone rule's signal over both runs' readings: more readings than numbers.
+        both = first + second
+        assert len(both) - (max(both) - min(both) + 1) <= 0, device_id

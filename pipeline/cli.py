@@ -87,6 +87,15 @@ def run(
     signal.signal(signal.SIGUSR1, request_drain)
     with stop_signals(request_stop):  # Ctrl-C, SIGTERM and a closed terminal
         pipeline = job.start(spark, settings)
+
+        def warn_if_behind(row: dict[str, object]) -> None:
+            if warning := behind.observe(row):
+                log.warning(warning)
+
+        # Every micro-batch, not the one the status line finds every few seconds: a growth
+        # is counted batch by batch. The first batches go by before this is set; they are
+        # slow anyway (state loads, code compiles), and none alone makes the warning.
+        pipeline.listener.on_progress = warn_if_behind
         log.info("pipeline running; Ctrl-C stops it cleanly")
         if ready_file is not None:
             ready_file.write_text("running\n")
@@ -94,8 +103,6 @@ def run(
         def on_status(line: str) -> None:
             if not no_progress:
                 click.echo(line, err=True)
-            if warning := behind.update(dict(pipeline.listener.latest)):
-                log.warning(warning)
 
         job.run_until_stopped(pipeline, stop, on_status=on_status, drain=drain)
     log.info("pipeline stopped")

@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -114,13 +115,15 @@ BACKLOG = "kafka_backlog"
 
 class MetricsListener(StreamingQueryListener):
     """Buffers a row per query progress; ``flush`` appends them to ``pipeline_metrics``, and
-    ``latest`` keeps each query's latest row and Kafka backlog (``BACKLOG``)."""
+    ``latest`` keeps each query's latest row and Kafka backlog (``BACKLOG``), and each is given
+    to ``on_progress`` when set (on Spark's listener thread: it must be quick)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.latest: dict[str, dict[str, Any]] = {}
+        self.on_progress: Callable[[dict[str, Any]], None] | None = None
 
     def onQueryStarted(self, event: Any) -> None:
         log.info("query %s started (id %s)", event.name, event.id)
@@ -131,9 +134,12 @@ class MetricsListener(StreamingQueryListener):
         backlog = kafka_backlog(progress.get("sources") or [])
         log.debug("%s batch %d took (ms): %s; Kafka backlog at planning: %s", row["query_name"],
                   row["batch_id"], progress.get("durationMs"), backlog)  # fmt: skip
+        latest = {**row, BACKLOG: backlog}
         with self._lock:
             self._rows.append(row)
-            self.latest[row["query_name"]] = {**row, BACKLOG: backlog}
+            self.latest[row["query_name"]] = latest
+        if self.on_progress is not None:
+            self.on_progress(latest)
 
     def onQueryIdle(self, event: Any) -> None:
         pass

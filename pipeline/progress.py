@@ -19,7 +19,7 @@ from pipeline.metrics import BACKLOG, Backlog
 
 @dataclass
 class FallingBehind:
-    """Follows each query's latest micro-batch (``MetricsListener.latest``) and words one
+    """Follows each query's micro-batches (``MetricsListener.on_progress``) and words one
     warning, the first time a query's Kafka backlog grew ``batches`` micro-batches in a row, to
     at least ``growth`` times what it was and at least ``floor_s`` seconds of input.
 
@@ -46,29 +46,29 @@ class FallingBehind:
     _growing: dict[str, list[float]] = field(default_factory=dict)
     _warned: bool = False
 
-    def update(self, latest: Mapping[str, Mapping[str, Any]]) -> str | None:
-        """The warning, when a query's backlog has just grown long enough (once)."""
-        if self._warned:
-            return None
-        for query, row in sorted(latest.items()):
-            backlog, at = row.get(BACKLOG), row.get("timestamp")
-            last = self._last.get(query)
-            if backlog is None or at is None or (last is not None and last[0] == row["batch_id"]):
-                continue  # no Kafka source, or no new batch
-            self._last[query] = (row["batch_id"], at, backlog)
-            seconds = None if last is None else input_seconds(last[1:], (at, backlog))
-            growing = self._growing.setdefault(query, [])
-            if seconds is None or (growing and seconds <= growing[-1]):
-                growing.clear()
-            if seconds is not None:
-                growing.append(seconds)
-            if (
-                len(growing) > self.batches
-                and growing[-1] >= self.growth * growing[0]
-                and growing[-1] >= self.floor_s
-            ):
-                self._warned = True
-                return self._message(query, growing, backlog.waiting)
+    def observe(self, row: Mapping[str, Any]) -> str | None:
+        """The warning, when the query of ``row`` (its latest micro-batch, as
+        ``MetricsListener.latest`` holds it) has just grown its backlog long enough (once)."""
+        query, backlog, at = row["query_name"], row.get(BACKLOG), row.get("timestamp")
+        last = self._last.get(query)
+        if self._warned or backlog is None or at is None:
+            return None  # said, or no Kafka source
+        if last is not None and last[0] == row["batch_id"]:
+            return None  # no new batch
+        self._last[query] = (row["batch_id"], at, backlog)
+        seconds = None if last is None else input_seconds(last[1:], (at, backlog))
+        growing = self._growing.setdefault(query, [])
+        if seconds is None or (growing and seconds <= growing[-1]):
+            growing.clear()
+        if seconds is not None:
+            growing.append(seconds)
+        if (
+            len(growing) > self.batches
+            and growing[-1] >= self.growth * growing[0]
+            and growing[-1] >= self.floor_s
+        ):
+            self._warned = True
+            return self._message(query, growing, backlog.waiting)
         return None
 
     def _message(self, query: str, growing: list[float], waiting: int) -> str:

@@ -24,7 +24,8 @@ def query(
     at, latest, start = START, 0, 0
     for batch_id in range(60):
         waiting = latest - start
-        yield {"batch_id": batch_id, "timestamp": at, BACKLOG: Backlog(latest, waiting)}
+        yield {"query_name": "ingest", "batch_id": batch_id, "timestamp": at,
+               BACKLOG: Backlog(latest, waiting)}  # fmt: skip
         taken = waiting if most is None else min(waiting, most)
         seconds = took(taken)
         start += taken
@@ -33,7 +34,7 @@ def query(
 
 
 def said(behind: FallingBehind, rows: Iterator[dict[str, Any]], name: str = "ingest") -> list[str]:
-    return [w for row in rows if (w := behind.update({name: row})) is not None]
+    return [w for row in rows if (w := behind.observe({**row, "query_name": name})) is not None]
 
 
 def test_batches_longer_than_their_trigger_that_keep_up_are_not_falling_behind() -> None:
@@ -54,7 +55,7 @@ def falling(messages: int) -> float:
 
 
 def warned_at(behind: FallingBehind, rows: list[dict[str, Any]]) -> list[int]:
-    return [row["batch_id"] for row in rows if behind.update({"ingest": row}) is not None]
+    return [row["batch_id"] for row in rows if behind.observe(row) is not None]
 
 
 def test_a_backlog_that_keeps_growing_is_reported_once() -> None:
@@ -98,9 +99,9 @@ def test_a_backlog_that_gets_no_input_starts_the_count_again() -> None:
     rows = list(query(falling))
     last = rows[5]
     # A second after batch 5, none arrived (the fleet paused): 9,999 waiting count for nothing.
-    paused = {"batch_id": 6, "timestamp": last["timestamp"] + timedelta(seconds=1),
+    paused = {**last, "batch_id": 6, "timestamp": last["timestamp"] + timedelta(seconds=1),
               BACKLOG: Backlog(last[BACKLOG].latest, 9999)}  # fmt: skip
-    no_kafka = {"batch_id": 7, "timestamp": START, BACKLOG: None}  # a Delta source: ignored
+    no_kafka = {**last, "batch_id": 7, BACKLOG: None}  # a Delta source: ignored
     after = [{**row, "batch_id": row["batch_id"] + 2} for row in rows[6:]]
 
     # Without the pause it warns at batch 9 (above); after it, the count starts again.

@@ -5,10 +5,10 @@ Usage::
     .venv/bin/python bench/pipeline_latency.py [--rate 5000] [--seconds 300] [--devices 2000]
 
 Starts its own broker (free ports, temp folder) unless KAFKA_BOOTSTRAP_SERVERS is set, creates a
-registry, starts the pipeline live (``python -m pipeline run``, 1 s trigger, rules only, local[2]
-unless ``--master`` says otherwise, 2 shuffle partitions) and, once it has started, the simulator
-at ``--rate`` events/s for ``--seconds`` (all scenarios). Then it lets the pipeline drain (at
-most ``--drain`` seconds) and prints a JSON object:
+registry, starts the pipeline live (``python -m pipeline run``, 1 s trigger, the ingest's 5 s
+unless set, rules only, local[2] unless ``--master`` says otherwise, 2 shuffle partitions) and,
+once it has started, the simulator at ``--rate`` events/s for ``--seconds`` (all scenarios).
+Then it lets the pipeline drain (at most ``--drain`` seconds) and prints a JSON object:
 
 - ingest latency: ``telemetry.ingest_time - kafka_timestamp`` (message in Kafka -> micro-batch
   that wrote it to ``telemetry`` started), p50/p95/max;

@@ -235,7 +235,7 @@ class Pipeline:
         writer = IngestBatchWriter(s.lake_root, s.app_id, s.dedup_horizon,
                                    checkpoint=self.checkpoint(INGEST),
                                    offsets=s.source == "kafka")  # fmt: skip
-        return self._start(self._parsed(), INGEST, writer)
+        return self._start(self._parsed(), INGEST, writer, interval=s.ingest_trigger_interval)
 
     def start_detection(self) -> StreamingQuery:
         s = self.settings

@@ -58,6 +58,13 @@ class PipelineSettings(CommonSettings):
         default="processing", description="processing: live micro-batches; available_now: catch up"
     )
     trigger_interval: str = Field(default="1 second", description="processingTime interval")
+    ingest_trigger_interval: str = Field(
+        default="5 seconds",
+        description="processingTime interval of the ingest (telemetry, quarantine). Detection "
+        "reads Kafka itself and no alert waits for the ingest; between its batches the cores are "
+        "detection's (at 500 events/s on two cores, 1 second gave alert latency p95 6.7-7.1 s, "
+        "5 seconds 5.0-5.3 s)",
+    )
     firmware_trigger_interval: str = Field(
         default="30 seconds",
         description="processingTime interval of the firmware check; its alerts wait for the "
@@ -220,6 +227,7 @@ class PipelineSettings(CommonSettings):
 
     @field_validator(
         "trigger_interval",
+        "ingest_trigger_interval",
         "firmware_trigger_interval",
         "fast_path_checkpoint_interval",
         "fast_path_log_interval",

@@ -91,6 +91,10 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
 
     settings = settings_for(lake, tmp_path, bootstrap_servers=bootstrap, topic=topic)
     pipeline = job.start(spark, settings)
+    # No alert waits for the ingest: it runs on a trigger of its own, longer than detection's.
+    triggers = {q.name: q._jsq.streamingQuery().trigger().toString() for q in pipeline.queries}
+    assert triggers == {job.INGEST: "ProcessingTimeTrigger(5000)",
+                        job.DETECTION: "ProcessingTimeTrigger(1000)"}  # fmt: skip
     try:
         for query in pipeline.queries:
             query.processAllAvailable()

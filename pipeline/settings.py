@@ -61,9 +61,8 @@ class PipelineSettings(CommonSettings):
     ingest_trigger_interval: str = Field(
         default="5 seconds",
         description="processingTime interval of the ingest (telemetry, quarantine). Detection "
-        "reads Kafka itself and no alert waits for the ingest; between its batches the cores are "
-        "detection's (at 500 events/s on two cores, 1 second gave alert latency p95 6.7-7.1 s, "
-        "5 seconds 5.0-5.3 s)",
+        "reads Kafka itself and no alert waits for the ingest; between its batches the driver "
+        "is detection's, so a shorter one makes alerts later on a small machine",
     )
     firmware_trigger_interval: str = Field(
         default="30 seconds",

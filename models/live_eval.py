@@ -42,9 +42,13 @@ def evaluate_lake(lake_root: str) -> pd.DataFrame:
     missing = [name for name, frame in ((lake.GROUND_TRUTH, truth), (lake.ALERTS, alerts))
                if frame is None]  # fmt: skip
     if missing:
+        # A simulator that ran but injected nothing yet (a short real-time run) wrote no row.
+        why = {lake.GROUND_TRUTH: "the simulator writes it when it injects its first scenario "
+                                  "(a run of a few minutes in real time may inject none)",
+               lake.ALERTS: "the pipeline writes it"}  # fmt: skip
         raise FileNotFoundError(
-            f"no {' and no '.join(missing)} table under {lake_root}: run the simulator "
-            "(it writes ground_truth) and the pipeline (it writes alerts) first"
+            f"no {' and no '.join(missing)} table under {lake_root}: "
+            + "; ".join(why[name] for name in missing)
         )
     assert truth is not None and alerts is not None
     feedback = read_table(lake_root, lake.ALERT_FEEDBACK, ["alert_id", "verdict", "created_at"])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from infra import contract as c
@@ -49,3 +50,16 @@ def test_withdrawn_alerts_count_neither_as_true_nor_as_false(tmp_path: Path) -> 
 
 def ground_truth(root: str) -> pd.DataFrame:
     return DeltaTable(lake.table_path(root, lake.GROUND_TRUTH)).to_pandas()
+
+
+def test_a_lake_without_injections_says_why_there_is_nothing_to_evaluate(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    write(root, lake.ALERTS, c.ALERTS_COLUMNS, [])  # the pipeline ran; the simulator injected none
+
+    with pytest.raises(FileNotFoundError) as raised:
+        evaluate_lake(root)
+
+    assert str(raised.value) == (
+        f"no ground_truth table under {root}: the simulator writes it when it injects its first "
+        "scenario (a run of a few minutes in real time may inject none)"
+    )

@@ -35,6 +35,20 @@ _RAW_EVENT = ", ".join(
 _WRAPPER = ('{"event":', ',"end":true}')
 _RAW_STRUCT = f"`event` struct<{_RAW_EVENT}>, `end` boolean, `{_CORRUPT}` string"
 _RAW_METRICS = ", ".join(f"`{name}` string" for name in c.METRICS)
+# The same event read straight into the contract's types: what nearly every message is, read
+# without writing each number back as text and parsing it again. A value of another type (a
+# number sent as text, a list for a number) fails this read, and the record is read again as
+# above.
+_TYPED_KINDS = {
+    **dict(c.EVENT_FIELDS),
+    **{name: "variant" for name in _STRING_FIELDS},
+    "event_time": "string",  # its own checks read the text
+    "metrics": "struct<" + ", ".join(f"`{m}`: double" for m in c.METRICS) + ">",
+}
+_TYPED_STRUCT = (
+    "`event` struct<" + ", ".join(f"`{name}`: {_TYPED_KINDS[name]}" for name in _KNOWN_FIELDS)
+    + f">, `end` boolean, `{_CORRUPT}` string"
+)  # fmt: skip
 # Into a string field Spark's parser writes a number a double cannot hold (NaN, Infinity, 1e400)
 # quoted: unquoted, it is an impossible value for the range check, as it is among the metrics.
 _QUOTED_NON_FINITE = ('"NaN"', '"Infinity"', '"-Infinity"')
@@ -92,7 +106,11 @@ def _range_check(value: Column, field: str) -> Column:
 
 
 def parse_events(
-    raw: DataFrame, *, max_bytes: int = c.MAX_MESSAGE_BYTES, max_clock_ahead: str = "1 minute"
+    raw: DataFrame,
+    *,
+    max_bytes: int = c.MAX_MESSAGE_BYTES,
+    max_clock_ahead: str = "1 minute",
+    typed_first: bool = True,
 ) -> DataFrame:
     """Parse raw records into typed event columns plus a quarantine ``reason`` (null when valid).
 
@@ -108,17 +126,36 @@ def parse_events(
     was produced) comes from a clock running ahead: accepted, it would move the watermark and
     make every on-time event of every other device late. Comparing with the message timestamp
     rather than the clock keeps the decision the same when a batch is replayed.
+
+    Each value is read first straight into the contract's types (event_time as text, the string
+    fields as variants: their checks need more). A record that read fails (bad JSON, a value of
+    another type) is read again, each field as its JSON text, for its reason or for the values
+    the contract also accepts (a number sent as a string). ``typed_first=False`` reads every
+    record the second way: the same result, which the tests check.
     """
     # Each stage materialises its columns once: referenced many times below, a from_json inside
     # the reason chain would otherwise be evaluated again for every branch. A filter
     # on the reason pushed below the stages would do the same (the unit tests check the plan).
     text = F.col(col.VALUE).cast("string")
     wrapped = F.concat(F.lit(_WRAPPER[0]), text, F.lit(_WRAPPER[1]))
-    decoded = raw.select(
+    corrupt = {"columnNameOfCorruptRecord": _CORRUPT}
+    typed_read = raw.select(
         "*",
-        F.from_json(wrapped, _RAW_STRUCT, {"columnNameOfCorruptRecord": _CORRUPT}).alias("_json"),
+        (F.from_json(wrapped, _TYPED_STRUCT, corrupt) if typed_first
+         else F.lit(None).cast(f"struct<{_TYPED_STRUCT}>")).alias("_typed"),
         # Keys only (values skipped): unknown fields are rare, their map is parsed only then.
         F.json_object_keys(text).alias("_keys"),
+    )  # fmt: skip
+    read_typed = F.coalesce(
+        F.col(f"_typed.{_CORRUPT}").isNull()
+        & F.col("_typed.end").isNotNull()
+        & F.col("_typed.event").isNotNull(),
+        F.lit(False),
+    )
+    decoded = typed_read.select(
+        "*",
+        read_typed.alias("_ok"),
+        F.when(~read_typed, F.from_json(wrapped, _RAW_STRUCT, corrupt)).alias("_json"),
     ).select(
         "*",
         F.col("_json.event").alias("_fields"),
@@ -128,31 +165,42 @@ def parse_events(
             F.map_filter(F.from_json(text, _RAW_MAP), lambda k, _: ~k.isin(_KNOWN_FIELDS)),
         ).alias("extra"),
     )
-    not_object = (
+    ok = F.col("_ok")
+    not_object = ~ok & (
         F.col("_fields").isNull()
         | F.col(f"_json.{_CORRUPT}").isNotNull()
         | F.col("_json.end").isNull()
     )
 
     def field(name: str) -> Column:
-        return F.col("_fields")[name]
-
-    def metric(name: str) -> Column:
-        return F.col("_metrics")[name]
+        """A string field (a variant) or event_time (text) from the read that succeeded: the
+        same type in both."""
+        return F.when(ok, F.col("_typed.event")[name]).otherwise(F.col("_fields")[name])
 
     def string(name: str) -> Column:
         """The field's value if it is a JSON string, else null."""
         return F.when(F.schema_of_variant(field(name)) == "STRING", field(name).cast("string"))
 
+    def number(name: str, kind: str) -> Column:
+        typed_value = F.col("_typed.event")[name]
+        return F.when(ok, typed_value).otherwise(
+            _number_text(F.col("_fields")[name]).try_cast(kind)
+        )
+
     typed: dict[str, Column] = {
         "event_id": string("event_id"),
         "device_id": string("device_id"),
         "event_time": F.try_to_timestamp(field("event_time")),
-        "seq": _number_text(field("seq")).try_cast("bigint"),
+        "seq": number("seq", "bigint"),
         "firmware": string("firmware"),
-        "lat": _number_text(field("lat")).try_cast("double"),
-        "lon": _number_text(field("lon")).try_cast("double"),
-        **{m: metric(m).try_cast("double") for m in c.METRICS},
+        "lat": number("lat", "double"),
+        "lon": number("lon", "double"),
+        **{
+            m: F.when(ok, F.col("_typed.event.metrics")[m]).otherwise(
+                F.col("_metrics")[m].try_cast("double")
+            )
+            for m in c.METRICS
+        },
     }
     typed_df = decoded.select(
         "*",
@@ -164,22 +212,33 @@ def parse_events(
         """Not in the message, or JSON null."""
         if name in _STRING_FIELDS:
             return field(name).isNull() | F.is_variant_null(field(name))
-        return field(name).isNull()
+        if name == "event_time":
+            return field(name).isNull()
+        return F.when(ok, F.col("_typed.event")[name].isNull()).otherwise(
+            F.col("_fields")[name].isNull()
+        )
 
     def wrong_type(name: str, sent: Column) -> Column:
         """Sent, but not convertible to the contract's type (the string "null" included)."""
         return sent & F.col(name).isNull()
 
     missing = [F.when(absent(f), F.lit(f)) for f in c.REQUIRED_FIELDS]
-    wrong = [
-        F.when(wrong_type(name, ~absent(name)), F.lit(name))
-        for name in (*_STRING_FIELDS, "seq", "lat", "lon")
+    # Where the typed read succeeded only a string field can hold another type (a variant takes
+    # any): the other fields are of theirs.
+    wrong_string = [F.when(wrong_type(f, ~absent(f)), F.lit(f)) for f in _STRING_FIELDS]
+    wrong_other = [
+        F.when(wrong_type(name, F.col("_fields")[name].isNotNull()), F.lit(name))
+        for name in ("seq", "lat", "lon")
     ]
-    wrong += [
-        F.when(wrong_type(m, metric(m).isNotNull()), F.lit(f"metrics.{m}")) for m in c.METRICS
+    wrong_other += [
+        F.when(wrong_type(m, F.col("_metrics")[m].isNotNull()), F.lit(f"metrics.{m}"))
+        for m in c.METRICS
     ]
+    wrong = F.when(ok, F.coalesce(*wrong_string)).otherwise(F.coalesce(*wrong_string, *wrong_other))
     # The parser writes an object's text back starting with "{"; a list or a scalar is no object.
-    metrics_not_object = field("metrics").isNotNull() & ~field("metrics").startswith("{")
+    # Where the typed read succeeded, metrics was an object or null.
+    raw_metrics = F.col("_fields.metrics")
+    metrics_not_object = ~ok & raw_metrics.isNotNull() & ~raw_metrics.startswith("{")
     out_of_range = [
         F.when(~_range_check(F.col(name), name), F.lit(name))
         for name in ("seq", "lat", "lon", *c.METRICS)
@@ -193,7 +252,7 @@ def parse_events(
         (F.length(F.col(col.VALUE)) > max_bytes).alias("_oversize"),
         (~F.is_valid_utf8(F.col(col.VALUE))).alias("_not_utf8"),
         F.coalesce(*missing).alias("_missing"),
-        F.coalesce(*wrong).alias("_wrong"),
+        wrong.alias("_wrong"),
         metrics_not_object.alias("_metrics_not_object"),
         F.coalesce(bad_id, F.lit(False)).alias("_bad_id"),
         (F.col("event_time").isNull() | ~_not_before_min_time(F.col("event_time"))).alias(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from typing import Any
 
@@ -160,10 +161,78 @@ def test_split_keeps_every_record_once(spark: Any) -> None:
 @pytest.mark.parametrize("split", [valid_events, quarantined])
 def test_keeping_one_side_of_the_split_parses_each_value_once(spark: Any, split: Any) -> None:
     # A filter on the reason pushed below the checks would parse the value again for each field
-    # a check reads (over 80 times, 10x slower): the event, the metrics, the rare unknown fields.
+    # a check reads (over 80 times, 10x slower): the typed read, the read as text, the metrics,
+    # the rare unknown fields.
     raw = spark.createDataFrame(raw_rows([b"{}"]), RAW_DDL)
     plan = split(parse_events(raw))._jdf.queryExecution().optimizedPlan().toString()
-    assert plan.count("from_json(") <= 3
+    assert plan.count("from_json(") <= 4
+
+
+# JSON texts put in place of one field of a valid event: every kind of value, the ones the typed
+# read takes and the ones it fails on (then the record is read again as text).
+FIELD_VALUES = [
+    ..., "null", '""', '"x"', '"42"', '" 7 "', '"52.5"', "42", "42.0", "-1", "0", "1e3", "1e400",
+    "-1e400", "NaN", "Infinity", "-Infinity", '"NaN"', '"Infinity"', '"-INF"', '"0x1p3"', "true",
+    "[]", "[1]", "{}", '{"a": 1}', "9223372036854775808", "123456789012345678901234567890",
+    "52.12345678901234567890", '"2026-11-22T08:00:00Z"', '"\\u0064ev-1"',
+]  # fmt: skip
+MESSAGE_SHAPES = [
+    b"{}", b"null", b"[]", b'"text"', b"42", b"", b" ",
+    json.dumps(event(), indent=2).encode(),
+    json.dumps(event()).encode() + b"  \n",
+    b"  " + json.dumps(event()).encode(),
+    json.dumps(event(vendor="acme", zone=None, tags=[1, {"a": 2}])).encode(),
+    json.dumps(event(metrics={"power_w": 1.0, "event_id": 5, "volts": "x"})).encode(),
+    json.dumps(event(metrics=None)).encode(),
+    json.dumps(event(metrics={})).encode(),
+    json.dumps(event(metrics="{}")).encode(),
+    json.dumps(event(event_id='e-"1"', device_id="d\u00e9v-1")).encode(),
+    json.dumps(event(event_id="x" * (c.MAX_ID_LENGTH + 1))).encode(),
+    # A key given twice: the parser keeps one, the same in both reads.
+    json.dumps(event()).encode()[:-1] + b', "seq": "eight"}',
+    json.dumps(event()).encode()[:-1] + b', "seq": 8}',
+    b'{"seq": "eight", ' + json.dumps(event())[1:].encode(),
+    # The simulator's fixed-width form: numbers right-aligned, strings padded after the quote.
+    b'{"event_id":"e-1"  ,"device_id":"dev-1","event_time":"2026-11-22T08:00:00.000Z","seq":    7,'
+    b'"firmware":"1.2.0","lat": 52.500000,"lon": 13.400000,"metrics":{"voltage_v": 230.00,'
+    b'"current_a":   2.00,"power_w": 420.00,"temperature_c":null}}',
+]  # fmt: skip
+
+
+def with_value(name: str, text: Any) -> bytes:
+    """A valid event's JSON with ``name`` (``metrics.<m>`` for a metric) set to the JSON ``text``,
+    or left out for ``...``."""
+    body = event()
+    parent, key = (body["metrics"], name.split(".")[1]) if "." in name else (body, name)
+    parent[key] = "@@"
+    if text is ...:
+        del parent[key]
+        return json.dumps(body).encode()
+    return json.dumps(body).replace('"@@"', text).encode()
+
+
+def comparable(row: Any) -> dict[str, Any]:
+    """A row as a dict in which NaN equals NaN."""
+    return {k: "NaN" if isinstance(v, float) and math.isnan(v) else v
+            for k, v in row.asDict().items()}  # fmt: skip
+
+
+def test_the_typed_read_decides_every_record_as_the_read_as_text_does(spark: Any) -> None:
+    names = [n for n, _ in c.EVENT_FIELDS] + [f"metrics.{m}" for m in ("power_w", "humidity_pct")]
+    values = [with_value(name, text) for name in names for text in FIELD_VALUES]
+    values += MESSAGE_SHAPES + [value for value, _, _ in BAD_RECORDS]
+    raw = spark.createDataFrame(raw_rows(values), RAW_DDL)
+    both = [
+        [comparable(row) for row in parse_events(raw, typed_first=first)
+         .drop("ingest_time").orderBy("offset").collect()]
+        for first in (True, False)
+    ]  # fmt: skip
+    assert len(both[0]) == len(values)
+    for typed_first, as_text in zip(*both, strict=True):
+        assert typed_first == as_text, values[typed_first["offset"]]
+    # The corpus holds each outcome: valid records, and records of every reason but oversize.
+    reasons = {row["reason"] for row in both[0]}
+    assert None in reasons and len(reasons) >= 9
 
 
 def test_senders_reads_who_sent_each_record_and_when_and_nothing_else(spark: Any) -> None:

@@ -61,9 +61,10 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         # in use, and every batch waited for it to be compiled again (and the JVM's compilers
         # then compiled the new classes once more).
         "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
-        # The JVM never compiles a method of more than 8,000 bytes of bytecode: it interprets it,
-        # for as long as the query runs. The parse's fused code is such a method, so Spark is
-        # told to split a stage whose code would be (Spark's documented value for HotSpot).
+        # The JVM never compiles a method of more than 8,000 bytes of bytecode: it interprets it
+        # for as long as the query runs. The parse's fused code is such a method. Above this
+        # limit Spark runs a stage's operators one by one, each compiled, instead of fused
+        # (Spark's documented value for HotSpot).
         "spark.sql.codegen.hugeMethodLimit": str(HOTSPOT_HUGE_METHOD_LIMIT),
         # Detection runs on the driver in pandas: window rows cross to it through Arrow.
         "spark.sql.execution.arrow.pyspark.enabled": "true",

@@ -11,7 +11,8 @@ each into Spark's ``noop`` sink on the project's SparkSession (``local[2]``):
 - ``typed_first``: ``parse_events`` as the pipeline runs it (each record read into the
   contract's types first, read again as text only when that fails);
 - ``as_text``: ``parse_events(typed_first=False)``: every record read as text, field by field;
-- ``least``: ``from_json`` straight into the typed fields, no checks (the floor of any parse).
+- ``least``: ``from_json`` straight into the typed fields, no checks (the floor of any parse,
+  ``pipeline_floor.typed_events``).
 
 ``typed_first`` and ``as_text`` also run with Spark's default ``spark.sql.codegen.hugeMethodLimit``
 (65535, where the session sets HotSpot's 8000): the JVM does not compile a method above 8000
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pipeline_throughput import TYPED_EVENT_SCHEMA
+from pipeline_floor import typed_events
 
 from infra import contract as c
 from infra.settings import SparkSettings
@@ -69,13 +70,6 @@ def messages(spark: Any, events: int) -> Any:
     return cached
 
 
-def least(raw: Any) -> Any:
-    from pyspark.sql import functions as F
-
-    parsed = F.from_json(F.col("value").cast("string"), TYPED_EVENT_SCHEMA)
-    return raw.select("*", parsed.alias("e")).select("*", "e.*")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=400_000)
@@ -92,7 +86,7 @@ def main() -> None:
         "typed_first, Spark's default method limit": (parse_events, "65535"),
         "as_text, Spark's default method limit": (
             lambda r: parse_events(r, typed_first=False), "65535"),
-        "least": (least, session_limit),
+        "least": (typed_events, session_limit),
     }  # fmt: skip
     seconds: dict[str, list[float]] = {name: [] for name in jobs}
     for round_ in range(args.rounds + 1):

@@ -1,8 +1,9 @@
 """Per-device sliding-window features: one definition for the stream and for batch training data.
 
-``with_device`` joins events to the registry; ``window_features`` aggregates them. Both are pure
-``DataFrame -> DataFrame`` functions: on a stream they need a watermark on ``event_time`` first
-(``window_features`` adds it when ``watermark`` is given); on static data they run as they are.
+``with_device`` joins events to the registry; ``window_features`` aggregates them; ``with_labels``
+gives each window the registry's strings. All are pure ``DataFrame -> DataFrame`` functions: on a
+stream they need a watermark on ``event_time`` first (``window_features`` adds it when
+``watermark`` is given); on static data they run as they are.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ STAT_FUNCS = {"mean": F.avg, "std": F.stddev_samp, "min": F.min, "max": F.max}
 DISTINCT_RSD = 0.1
 SLOPE_ORIGIN_S = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 REGISTRY_COLUMNS = ("device_type", "site_lat", "site_lon", "expected_firmware", "status")
+# The registry's strings a window carries (joined after the aggregation: ``with_labels``).
+LABELS = ("device_type", "expected_firmware")
 # Event columns the feature stage reads; ``is_duplicate`` and ``flag`` are added by
 # ``feature_events`` and ``quarantine_feature_events``.
 EVENT_COLUMNS = ("device_id", "event_time", "seq", "firmware", "lat", "lon", *c.METRICS)
@@ -144,6 +147,10 @@ def firmware_differs() -> Column:
 
 
 def _window_aggregates() -> list[Column]:
+    """Numbers only: one string in the aggregation buffer (a ``first`` of the device type, a
+    ``max_by`` of the firmware) and Spark sorts every batch's rows and aggregates them
+    interpreted (``SortAggregate``) instead of hashing them; the registry's strings are joined to
+    the windows afterwards (``with_labels``)."""
     valid = (F.col("is_duplicate") == 0) & F.col(FLAG).isNull()
 
     def over_valid(value: Column) -> Column:
@@ -168,10 +175,6 @@ def _window_aggregates() -> list[Column]:
         F.avg("power_ratio").alias("power_ratio_mean"),
         F.min("power_ratio").alias("power_ratio_min"),
         F.sum("fw_mismatch").cast("long").alias("firmware_mismatch_count"),
-        # Two readings at the same time: the greater firmware, whichever micro-batch read it.
-        F.max_by("firmware", F.struct("event_time", "firmware")).alias("last_firmware"),
-        F.first("device_type", ignorenulls=True).alias("device_type"),
-        F.first("expected_firmware", ignorenulls=True).alias("expected_firmware"),
         F.max(F.col("registered").cast("int")).cast("boolean").alias("registered"),
     ]
     # A slope does not depend on where time starts; its least-squares sums keep more digits over
@@ -244,7 +247,8 @@ def features_from_events(
     slide: str = "1 minute",
     watermark: str | None = None,
 ) -> DataFrame:
-    """The whole feature stage: registry join, per-event measures, window aggregates.
+    """The whole feature stage: registry join, per-event measures, window aggregates, the
+    registry's labels.
 
     Input: bronze ``telemetry`` rows (and optionally duplicate rows) with an ``is_duplicate``
     column; when absent every row counts as a distinct event. Used by the stream and by training.
@@ -257,4 +261,16 @@ def features_from_events(
         events.transform(lambda df: with_device(df, devices))
         .transform(event_measures)
         .transform(lambda df: window_features(df, window=window, slide=slide, watermark=watermark))
+        .transform(lambda df: with_labels(df, devices))
     )
+
+
+def with_labels(windows: DataFrame, devices: DataFrame) -> DataFrame:
+    """``window_features`` rows with the registry's LABELS as the registry reads when the windows
+    are computed (on a stream: at each micro-batch); null for a device not in it.
+
+    Safe on a stream (stream-static join, after the aggregation: each micro-batch's changed
+    windows only).
+    """
+    labels = devices.select("device_id", *LABELS)
+    return windows.join(F.broadcast(labels), "device_id", "left")

@@ -148,6 +148,9 @@ def _stuck(w: pd.DataFrame, t: pd.DataFrame) -> pd.Series:
 # raises them per event with these texts.
 ROGUE_REASON = "device_id is not in the device registry"
 FIRMWARE_REASON = "firmware %s, registry expects %s"
+# A window counts the readings of another firmware; which one is in the fast path's message, the
+# firmware check's (firmware_tamper) and the telemetry (see pipeline.features._window_aggregates).
+WINDOW_FIRMWARE_REASON = "%d readings of a firmware other than the registry's %s"
 IMPOSSIBLE_REASON = "a reading outside its physical range (quarantined: out_of_range)"
 CLOCK_AHEAD_REASON = "event_time ahead of the time its message was sent (quarantined: clock_ahead)"
 
@@ -184,7 +187,8 @@ def rules() -> list[Rule]:
                                w[col.DUPLICATE_COUNT])),
         Rule("firmware_mismatch", "medium", lambda w, t: w["firmware_mismatch_count"] > 0,
              lambda w, t: w["firmware_mismatch_count"] / w[col.EVENT_COUNT].clip(lower=1),
-             lambda w, t: _fmt(FIRMWARE_REASON, w["last_firmware"], w["expected_firmware"])),
+             lambda w, t: _fmt(WINDOW_FIRMWARE_REASON, w["firmware_mismatch_count"],
+                               w["expected_firmware"])),
         Rule("flood", "medium", lambda w, t: w["events_per_min"] > _flood_limit(w, t),
              lambda w, t: w["events_per_min"] / (10 * _flood_limit(w, t)),
              lambda w, t: _fmt("%.1f messages/min (limit %.1f)", w["events_per_min"],

@@ -50,16 +50,30 @@ def test_distinct_share_shows_a_sensor_that_repeats_one_value(spark: Any) -> Non
     assert rows["clean"].humidity_pct_distinct_share is None  # a meter has no humidity sensor
 
 
-@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
-def test_last_firmware_of_two_readings_at_the_same_time_does_not_depend_on_their_order(
-    spark: Any, order: tuple[int, int]
-) -> None:
-    readings = device_series("firmware", START, 2, every_s=0)  # two readings at 08:00:00
-    readings[0]["firmware"], readings[1]["firmware"] = None, "2.0.0"
-    events = events_df(spark, [readings[i] for i in order]).coalesce(1)
+def test_a_window_carries_the_registry_s_labels_not_its_events_firmware(spark: Any) -> None:
+    events = events_df(spark, device_series("firmware", START, 4, firmware="6.6.6")).unionByName(
+        events_df(spark, device_series("rogue", START, 3))
+    )
     features = features_from_events(events, registry_df(spark), window="10 minutes",
                                      slide="10 minutes")  # fmt: skip
-    assert [r.last_firmware for r in features.collect()] == ["2.0.0"]
+    got = sorted(
+        (r.device_id, r.device_type, r.expected_firmware, r.registered, r.firmware_mismatch_count)
+        for r in features.collect()
+    )
+    assert got == [("firmware", "smart_meter", "1.0.0", True, 4), ("rogue", None, None, False, 0)]
+    assert "last_firmware" not in features.columns
+
+
+def test_the_window_aggregation_hashes_its_rows(spark: Any) -> None:
+    """A string in the aggregation buffer (say, a ``first`` of the device type) makes Spark sort
+    each micro-batch's rows and aggregate them interpreted: at 5,000 events/s that cost detection
+    an eighth of its CPU (docs/PERFORMANCE.md, session 60)."""
+    events = events_df(spark, device_series("clean", START, 4))
+    features = features_from_events(events, registry_df(spark), window="10 minutes",
+                                     slide="5 minutes", watermark="5 minutes")  # fmt: skip
+    plan = features._jdf.queryExecution().executedPlan().toString()
+    assert "HashAggregate" in plan
+    assert "SortAggregate" not in plan and "ObjectHashAggregate" not in plan
 
 
 def test_a_slope_does_not_depend_on_how_its_window_was_split(spark: Any) -> None:

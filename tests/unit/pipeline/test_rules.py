@@ -46,7 +46,7 @@ def registry_df(spark: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def alerts(spark: Any) -> dict[str, set[str]]:
+def alert_rows(spark: Any) -> Any:
     travel = device_series("travel", START, 20)
     for e in travel[10:]:
         e["lat"], e["lon"] = 40.4, -3.7  # Berlin to Madrid in 30 seconds
@@ -73,8 +73,13 @@ def alerts(spark: Any) -> dict[str, set[str]]:
     features = features_from_events(
         events, registry_df(spark), window="10 minutes", slide="5 minutes"
     )
+    return rule_alerts(features.toPandas())
+
+
+@pytest.fixture(scope="module")
+def alerts(alert_rows: Any) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
-    for row in rule_alerts(features.toPandas()).itertuples():
+    for row in alert_rows.itertuples():
         found.setdefault(row.device_id, set()).add(row.alert_type)
     return found
 
@@ -93,6 +98,17 @@ def test_rule_fires_on_its_scenario(
 
 def test_clean_device_raises_nothing(alerts: dict[str, set[str]]) -> None:
     assert "clean" not in alerts
+
+
+def test_a_firmware_mismatch_says_how_many_readings_and_what_the_registry_expects(
+    alert_rows: Any,
+) -> None:
+    mismatches = alert_rows[alert_rows["alert_type"] == "firmware_mismatch"]
+    # 20 readings every 30 s from 08:00: the windows from 07:55, 08:00 and 08:05 hold 10, 20, 10.
+    got = [(start.strftime("%H:%M"), reasons) for start, reasons in
+           zip(mismatches["window_start"], mismatches["reasons"], strict=True)]  # fmt: skip
+    text = "%d readings of a firmware other than the registry's 1.0.0"
+    assert sorted(got) == [("07:55", [text % 10]), ("08:00", [text % 20]), ("08:05", [text % 10])]
 
 
 def test_each_scenario_raises_only_its_own_kind(alerts: dict[str, set[str]]) -> None:

@@ -44,6 +44,20 @@ def progress_row(progress: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def state_summary(operators: list[dict[str, Any]]) -> str:
+    """A progress's state operators for the DEBUG log: rows held, updated and removed, and
+    the milliseconds its tasks spent updating, evicting (a scan of every key held, for a
+    watermark) and committing the state; ``none`` for a stateless query (pure)."""
+    parts = [
+        f"{op.get('operatorName', '?')} {op.get('numRowsTotal', 0)} rows "
+        f"({op.get('numRowsUpdated', 0)} updated, {op.get('numRowsRemoved', 0)} removed; "
+        f"ms: update {op.get('allUpdatesTimeMs', 0)}, evict {op.get('allRemovalsTimeMs', 0)}, "
+        f"commit {op.get('commitTimeMs', 0)})"
+        for op in operators
+    ]
+    return "; ".join(parts) or "none"
+
+
 def kafka_end_offsets(sources: list[dict[str, Any]]) -> str | None:
     """The end offsets of a progress's Kafka sources as one JSON object, {topic: {partition:
     offset}}; None without a Kafka source."""
@@ -132,8 +146,9 @@ class MetricsListener(StreamingQueryListener):
         progress = json.loads(event.progress.json)
         row = progress_row(progress)
         backlog = kafka_backlog(progress.get("sources") or [])
-        log.debug("%s batch %d took (ms): %s; Kafka backlog at planning: %s", row["query_name"],
-                  row["batch_id"], progress.get("durationMs"), backlog)  # fmt: skip
+        log.debug("%s batch %d took (ms): %s; Kafka backlog at planning: %s; state: %s",
+                  row["query_name"], row["batch_id"], progress.get("durationMs"), backlog,
+                  state_summary(progress.get("stateOperators") or []))  # fmt: skip
         latest = {**row, BACKLOG: backlog}
         with self._lock:
             self._rows.append(row)

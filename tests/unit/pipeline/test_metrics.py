@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from pipeline.metrics import Backlog, kafka_backlog, progress_row
+from pipeline.metrics import Backlog, kafka_backlog, progress_row, state_summary
 
 PROGRESS = {"name": "features", "runId": "r1", "batchId": 3,
             "timestamp": "2026-11-25T08:00:05.000Z", "numInputRows": 10}  # fmt: skip
@@ -52,3 +52,17 @@ def test_a_batchs_kafka_backlog_is_what_its_topics_held_beyond_its_start() -> No
     assert kafka_backlog([first]) is None
     assert kafka_backlog([delta]) is None
     assert kafka_backlog([]) is None
+
+
+def test_the_debug_log_says_where_each_state_operator_spent_its_time() -> None:
+    dedup = {"operatorName": "dedupe", "numRowsTotal": 1500000, "numRowsUpdated": 100000,
+             "numRowsRemoved": 98000, "allUpdatesTimeMs": 900, "allRemovalsTimeMs": 2100,
+             "commitTimeMs": 40}  # fmt: skip
+    windows = {"operatorName": "stateStoreSave", "numRowsTotal": 50000, "numRowsUpdated": 49000,
+               "allUpdatesTimeMs": 700, "allRemovalsTimeMs": 30, "commitTimeMs": 25}  # fmt: skip
+    assert state_summary([dedup, windows]) == (
+        "dedupe 1500000 rows (100000 updated, 98000 removed; ms: update 900, evict 2100, "
+        "commit 40); stateStoreSave 50000 rows (49000 updated, 0 removed; ms: update 700, "
+        "evict 30, commit 25)"
+    )
+    assert state_summary([]) == "none"

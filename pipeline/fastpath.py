@@ -16,8 +16,8 @@ Delta sink, which Real-time Mode does not offer)::
 Its messages are the windowed path's (``pipeline.publish``), with these differences:
 
 - ``path`` is ``fast`` (``windowed`` on the others);
-- a ``firmware_mismatch`` names the firmware its event reports (a window's counts its readings of
-  another firmware: ``pipeline.rules``);
+- a ``firmware_mismatch`` names the firmware its event reports (the windowed path's alert counts
+  the window's readings of another firmware: ``pipeline.rules``);
 - one message per offending event and window: an event lies in window/slide sliding windows, and
   each message carries the ``alert_id`` the windowed path gives that window's alert, so a
   consumer dropping copies by ``alert_id`` sees each alert once;

@@ -66,8 +66,8 @@ def test_a_window_carries_the_registry_s_labels_not_its_events_firmware(spark: A
 
 def test_the_window_aggregation_hashes_its_rows(spark: Any) -> None:
     """A string in the aggregation buffer (say, a ``first`` of the device type) makes Spark sort
-    each micro-batch's rows and aggregate them interpreted: at 5,000 events/s that cost detection
-    an eighth of its CPU (docs/PERFORMANCE.md, session 60)."""
+    each micro-batch's rows and aggregate them interpreted; hashing them cut detection's task CPU
+    at 5,000 events/s by 10-16 % (docs/PERFORMANCE.md, session 60)."""
     events = events_df(spark, device_series("clean", START, 4))
     features = features_from_events(events, registry_df(spark), window="10 minutes",
                                      slide="5 minutes", watermark="5 minutes")  # fmt: skip

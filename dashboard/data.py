@@ -394,6 +394,27 @@ def read_telemetry(
     return frame.sort("event_time") if "event_time" in frame.columns else frame
 
 
+def firmware_reported(events: pl.DataFrame, expected: str | None) -> pl.DataFrame:
+    """The firmware versions ``events`` (``read_telemetry`` rows with ``firmware``) report, in
+    the order they first appear: readings, first and last event time, and whether it is the
+    registry's ``expected`` one (null when the registry expects none). A reading without a
+    firmware is its own row, firmware null."""
+    return (
+        events.group_by("firmware")
+        .agg(
+            pl.len().alias("readings"),
+            pl.col("event_time").min().alias("first_seen"),
+            pl.col("event_time").max().alias("last_seen"),
+        )
+        .with_columns(
+            (pl.col("firmware") == expected if expected is not None else pl.lit(None))
+            .cast(pl.Boolean)
+            .alias("registry_expects")
+        )
+        .sort("first_seen", "firmware", nulls_last=True)
+    )
+
+
 def last_positions(
     lake_root: str,
     device_ids: Sequence[str],

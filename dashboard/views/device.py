@@ -95,14 +95,19 @@ def telemetry() -> None:
     alert = None if around == RANGE_CHOICE else history.filter(pl.col("alert_id") == around)
     alert_row = alert.row(0, named=True) if alert is not None and alert.height else None
     events = reads.telemetry(
-        settings, device_id, telemetry_range(alert_row), ["event_time", "seq", *c.METRICS]
-    )
+        settings, device_id, telemetry_range(alert_row),
+        ["event_time", "seq", "firmware", *c.METRICS],
+    )  # fmt: skip
     st.subheader("Telemetry")
     if events.is_empty():
         ui.empty_state("telemetry for this device in this range", lake.TELEMETRY)
         return
     shown = [m for m in c.METRICS if events[m].null_count() < events.height]
     st.caption(f"{events.height} events; the shaded band is the alert's window")
+    # A window's firmware_mismatch alert counts readings of another firmware; which one is here.
+    entry = registry.filter(pl.col("device_id") == device_id)
+    expected = entry["expected_firmware"][0] if entry.height else None
+    ui.show_table(data.firmware_reported(events, expected))
     events = data.downsample(events, "event_time")
     cols = st.columns(2)
     for i, metric in enumerate(shown):

@@ -655,13 +655,19 @@ def test_device_page_shows_telemetry_registry_and_history(
     assert any(c.value.startswith("25 events;") for c in at.caption)
     charts = at.get("vega_lite_chart")
     assert len(charts) == 5  # temperature, voltage, current, power, signal
+    firmware = at.dataframe[0].value
+    assert firmware[["firmware", "readings", "registry_expects"]].to_dict("records") == [
+        {"firmware": "2.1.0", "readings": 25, "registry_expects": True}
+    ]
     history = at.dataframe[-1].value
     assert sorted(history["alert_id"]) == ["alert-001", "alert-002", "alert-006"]
-    registry = {r["field"]: r["value"] for r in at.dataframe[0].value.to_dict("records")}
+    registry = {r["field"]: r["value"] for r in at.dataframe[1].value.to_dict("records")}
     assert registry["site_address"] == "Unter den Linden 1, Berlin"
 
     at.selectbox(key="device_id").select(ROGUE).run()
     assert any("not in the registry" in w.value for w in at.warning)
+    # Its firmware is listed with no verdict: the registry expects none.
+    assert at.dataframe[0].value["registry_expects"].isna().all()
 
 
 def test_map_and_health_numbers(app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake) -> None:

@@ -637,3 +637,22 @@ def test_an_ongoing_silence_reads_as_still_silent_and_an_ended_one_as_its_length
     assert data.silence_sentence(other, NOW) is None
     assert dict(data.alert_field_table(other).iter_rows())["window_end"] == ""
     assert data.alert_end(other, NOW) == other["window_start"]
+
+
+def test_the_firmware_a_device_reports_is_listed_with_the_registry_s_verdict() -> None:
+    t0 = datetime(2026, 12, 5, 8, 0, tzinfo=timezone.utc)
+    events = pl.DataFrame(
+        {
+            "event_time": [t0 + timedelta(minutes=i) for i in range(6)],
+            "firmware": ["1.0.0", "1.0.0", "6.6.6", None, "6.6.6", "1.0.0"],
+        }
+    )
+    rows = data.firmware_reported(events, "1.0.0").rows()
+    assert rows == [
+        ("1.0.0", 3, t0, t0 + timedelta(minutes=5), True),
+        ("6.6.6", 2, t0 + timedelta(minutes=2), t0 + timedelta(minutes=4), False),
+        (None, 1, t0 + timedelta(minutes=3), t0 + timedelta(minutes=3), None),
+    ]
+    # A device the registry does not know: no verdict.
+    unknown = data.firmware_reported(events, None)
+    assert unknown["registry_expects"].null_count() == unknown.height == 3

@@ -32,6 +32,7 @@ if not device_ids:
 if st.session_state.get(ui.DEVICE_KEY) not in device_ids:
     st.session_state[ui.DEVICE_KEY] = device_ids[0]
 device_id: str = st.selectbox("Device", device_ids, key=ui.DEVICE_KEY)
+entry = registry.filter(pl.col("device_id") == device_id)
 
 history = data.with_feedback(
     reads.alerts(settings, device_ids=[device_id]), reads.feedback(settings)
@@ -105,7 +106,6 @@ def telemetry() -> None:
     shown = [m for m in c.METRICS if events[m].null_count() < events.height]
     st.caption(f"{events.height} events; the shaded band is the alert's window")
     # A window's firmware_mismatch alert counts readings of another firmware; which one is here.
-    entry = registry.filter(pl.col("device_id") == device_id)
     expected = entry["expected_firmware"][0] if entry.height else None
     ui.show_table(data.firmware_reported(events, expected))
     events = data.downsample(events, "event_time")
@@ -121,7 +121,6 @@ ui.refreshing(settings, telemetry)
 left, right = st.columns([1, 2])
 with left:
     st.subheader("Registry entry")
-    entry = registry.filter(pl.col("device_id") == device_id)
     if entry.is_empty():
         st.warning("This device is not in the registry.")
     else:

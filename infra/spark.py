@@ -29,6 +29,22 @@ ALERTS_POOL = "alerts"
 CODEGEN_CACHE_ENTRIES = 1000
 # HotSpot's HugeMethodLimit: the largest method (bytes of bytecode) its JIT compiles.
 HOTSPOT_HUGE_METHOD_LIMIT = 8000
+# A local session's JVM is the whole cluster: driver and executor in one heap (2 GB by
+# default, IOT_SPARK_DRIVER_MEMORY), which G1 cuts into 1 MB regions. G1 allocates an array of
+# half a region or more as "humongous": in the old generation, where only a marking cycle or a
+# collection's end frees it, and each such allocation can start a cycle. Spark allocates many
+# arrays of 1 MB and more whose life is one batch: a 1 MB chunk per task result, 4 MB blocks per
+# broadcast (each stage's tasks, each registry join), and one page of Spark's memory per hash
+# map, sort or broadcast relation. The running pipeline allocated about 2 GB of them a minute,
+# and G1 ran a marking cycle every five seconds (docs/PERFORMANCE.md). With 16 MB regions the
+# chunks and blocks are young objects like any other.
+G1_REGION_SIZE = "16m"
+# Spark's unit of memory for its hash maps, sorts and broadcast relations (spark.buffer.pageSize),
+# held whole from the first row. Spark's default is a sixteenth of a core's share of the heap:
+# 32 MB on a 2 GB driver, so a broadcast of a 1,000-device registry held 32 MB, per micro-batch.
+# A task can hold 8,192 pages: 2 GB of Spark's memory per task at this size; a row larger than a
+# page gets a page of its own size.
+PAGE_SIZE = "256k"
 
 
 def default_shuffle_partitions() -> int:
@@ -81,6 +97,8 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
     }
     if settings.master.startswith("local"):
         conf["spark.driver.memory"] = settings.driver_memory
+        conf["spark.driver.defaultJavaOptions"] = f"-XX:G1HeapRegionSize={G1_REGION_SIZE}"
+        conf["spark.buffer.pageSize"] = PAGE_SIZE
     if jars:
         conf["spark.jars"] = ",".join(str(p) for p in jars)
     if settings.state_store == "rocksdb":

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from infra import contract as c
 from pipeline.alerts import alert_frame, as_written, merge_alerts
@@ -155,3 +156,68 @@ def test_a_merge_of_alerts_compiles_no_new_code_and_copies_no_source(
     # Up to 2: the JVM is shared with the worker's other tests (see above).
     assert compiled <= 2, f"three MERGEs compiled {compiled} classes: new code for each MERGE"
     assert max(jobs) <= 5, f"Spark jobs per MERGE: {jobs}; Delta copies the source first?"
+
+
+def broadcast_sizes(frame: DataFrame) -> list[int]:
+    """Spark's "data size" (bytes) of each broadcast relation in ``frame``'s executed plan, as
+    its UI shows it; run the frame first."""
+    sizes = []
+    nodes = [frame._jdf.queryExecution().executedPlan()]
+    while nodes:
+        node = nodes.pop()
+        if node.nodeName() == "BroadcastExchange":
+            sizes.append(node.metrics().apply("dataSize").value())
+        children = node.children()
+        nodes.extend(children.apply(i) for i in range(children.size()))
+    return sizes
+
+
+def test_a_broadcast_registry_holds_the_memory_its_rows_need(spark: SparkSession) -> None:
+    """Every detection micro-batch joins its events with a broadcast of the registry: a new
+    relation each batch, kept in the driver's heap until Spark's cleaner drops it. Spark built
+    it in pages of its default size, a sixteenth of a core's share of the memory (32 MB on a
+    2 GB driver), taken whole for the first row. A 1,000-device registry then held 32 MB per
+    batch, and hundreds of MB in all at 500 events/s (docs/PERFORMANCE.md).
+
+    Here: a registry of 1,000 devices broadcast and joined; the relation must hold under 1 MB
+    (its rows are about 50 KB)."""
+    registry = spark.range(1_000).selectExpr(
+        "concat('dev-', id) AS device_id", "'thermostat' AS device_type", "'th-3.0.5' AS firmware"
+    )
+    events = spark.createDataFrame([("dev-7",), ("dev-999",), ("rogue",)], "device_id string")
+    joined = events.join(F.broadcast(registry), "device_id", "left")
+    rows = sorted(joined.collect(), key=lambda row: row.device_id)
+    assert [(row.device_id, row.device_type) for row in rows] == [
+        ("dev-7", "thermostat"), ("dev-999", "thermostat"), ("rogue", None)
+    ]  # fmt: skip
+    sizes = broadcast_sizes(joined)
+    assert len(sizes) == 1, f"expected the registry's one broadcast in the plan, found {sizes}"
+    assert sizes[0] < 1024 * 1024, (
+        f"a broadcast of 1,000 registry rows holds {sizes[0]:,} bytes: a page of "
+        "spark.buffer.pageSize per relation, taken whole"
+    )
+
+
+def test_a_local_session_s_jvm_takes_a_batch_s_megabyte_arrays_as_young_objects(
+    spark: SparkSession,
+) -> None:
+    """A local session's JVM runs the driver and the tasks in one heap, 2 GB by default, which
+    G1 cut into 1 MB regions. G1 allocates an array of half a region or more outside its young
+    generation, and Spark allocates such arrays all the time, for one batch each: 1 MB per task
+    result, 4 MB per broadcast block. The running pipeline allocated about 2 GB of them a
+    minute and G1 ran a marking cycle every five seconds (docs/PERFORMANCE.md).
+
+    Here: the session's JVM (which PySpark started with the session's options) runs with
+    regions large enough for a 4 MB block to be an ordinary young object (under half a
+    region)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    region = int(diagnostics.getVMOption("G1HeapRegionSize").getValue())
+    block = 4 * 1024 * 1024 + 16  # a 4 MB broadcast block and its array header
+    assert block < region / 2, (
+        f"G1 regions of {region:,} bytes: a broadcast block of 4 MB is allocated outside the "
+        "young generation (spark.driver.defaultJavaOptions did not reach the JVM?)"
+    )

@@ -37,7 +37,9 @@ HOTSPOT_HUGE_METHOD_LIMIT = 8000
 # broadcast (each stage's tasks, each registry join), and one page of Spark's memory per hash
 # map, sort or broadcast relation. The running pipeline allocated about 2 GB of them a minute,
 # and G1 ran a marking cycle every five seconds (docs/PERFORMANCE.md). With 16 MB regions the
-# chunks and blocks are young objects like any other.
+# chunks and blocks are young objects like any other. Set through
+# spark.driver.defaultJavaOptions, it replaces any given to PySpark (PYSPARK_SUBMIT_ARGS);
+# JAVA_TOOL_OPTIONS still reaches the JVM.
 G1_REGION_SIZE = "16m"
 # Spark's unit of memory for its hash maps, sorts and broadcast relations (spark.buffer.pageSize),
 # held whole from the first row. Spark's default is a sixteenth of a core's share of the heap:

@@ -180,7 +180,7 @@ def test_a_broadcast_registry_holds_the_memory_its_rows_need(spark: SparkSession
     batch, and hundreds of MB in all at 500 events/s (docs/PERFORMANCE.md).
 
     Here: a registry of 1,000 devices broadcast and joined; the relation must hold under 1 MB
-    (its rows are about 50 KB)."""
+    (one 256 KB page and its hash table: 294,912 bytes)."""
     registry = spark.range(1_000).selectExpr(
         "concat('dev-', id) AS device_id", "'thermostat' AS device_type", "'th-3.0.5' AS firmware"
     )

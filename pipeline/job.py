@@ -64,6 +64,7 @@ from pipeline.publish import (
     client_config,
     ensure_output_topic,
 )
+from pipeline.registry import PinnedRegistry
 from pipeline.rules import RuleThresholds
 from pipeline.scoring import ModelScorer
 from pipeline.settings import PipelineSettings, seconds
@@ -101,6 +102,8 @@ STATE_STORE_CONF = "spark.sql.streaming.stateStore.providerClass"
 # once; the same failure again within RESTART_AFTER_S stops the pipeline.
 TRANSIENT_FAILURES = ("Python worker failed to connect back",)
 RESTART_AFTER_S = 600.0
+# How often the pipeline looks for a new version of the registry (``pipeline.registry``).
+REGISTRY_CHECK_S = 1.0
 # How long a drained stop waits for a query's micro-batch to end (``Pipeline.finish_available``).
 DRAIN_WAIT_S = 60.0
 
@@ -179,6 +182,8 @@ class Pipeline:
     # Publishes alert changes to the alerts topic (``pipeline.publish``); None: no topic.
     publisher: AlertPublisher | None = None
     relay: WebhookRelay | None = None
+    # The registry every stream-static join reads (cached; ``pipeline.registry``).
+    registry: PinnedRegistry | None = None
     # When each query was last started again after a transient failure (``restart_transient``).
     restarts: dict[str, float] = field(default_factory=dict)
 
@@ -204,8 +209,11 @@ class Pipeline:
         self.queries.append(query)
         return query
 
-    def _table(self, name: str) -> DataFrame:
-        return self.spark.read.format("delta").load(lake.table_path(self.settings.lake_root, name))
+    def _registry(self) -> DataFrame:
+        if self.registry is None:
+            self.registry = PinnedRegistry.load(self.spark, self.settings.lake_root)
+            self.registry.watch(REGISTRY_CHECK_S)
+        return self.registry.frame
 
     def _stream(self, name: str) -> DataFrame:
         path = lake.table_path(self.settings.lake_root, name)
@@ -240,7 +248,7 @@ class Pipeline:
     def start_detection(self) -> StreamingQuery:
         s = self.settings
         features = features_from_events(
-            self._feature_input(), self._table(lake.DEVICES), window=s.window, slide=s.slide
+            self._feature_input(), self._registry(), window=s.window, slide=s.slide
         )
         writer = FeaturesBatchWriter(
             s.lake_root,
@@ -273,7 +281,7 @@ class Pipeline:
     def start_firmware(self) -> StreamingQuery:
         s = self.settings
         changes = firmware_changes(
-            self._stream(lake.TELEMETRY), self._table(lake.DEVICES), watermark=s.watermark
+            self._stream(lake.TELEMETRY), self._registry(), watermark=s.watermark
         )
         unauthorized = unauthorized_changes(
             changes,
@@ -309,7 +317,7 @@ class Pipeline:
             parse_events(kafka_source(self.spark, s, bounded=False),
                          max_clock_ahead=s.max_clock_ahead)
         )  # fmt: skip
-        alerts = fast_alerts(events, self._table(lake.DEVICES),
+        alerts = fast_alerts(events, self._registry(),
                              window_s=seconds(s.window), slide_s=seconds(s.slide))  # fmt: skip
         writer = (
             fast_messages(alerts)
@@ -361,7 +369,7 @@ class Pipeline:
         )
         partitions = (topic_partitions(s) if s.source == "kafka" else None) or 1
         records = senders(raw_source(self.spark, s), max_clock_ahead=s.max_clock_ahead)
-        rows = silence_input(records, self._table(lake.DEVICES), registry,
+        rows = silence_input(records, self._registry(), registry,
                              lateness=s.silence_watermark, partitions=partitions)  # fmt: skip
         writer = SilenceBatchWriter(lake.table_path(s.lake_root, lake.ALERTS), self.publisher)
         with session_conf(self.spark, STATE_STORE_CONF, SILENCE_STATE_STORE):
@@ -382,6 +390,11 @@ class Pipeline:
         self.flush_metrics()
         if self.publisher is not None:
             self.publisher.close()
+        self.release_registry()
+
+    def release_registry(self) -> None:
+        if self.registry is not None:
+            self.registry.release()
 
     def finish_available(self) -> None:
         """Let ingest, then detection (which reads what ingest quarantined), process what the
@@ -565,6 +578,7 @@ def run_available_now(
         spark.streams.removeListener(pipeline.listener)
         if pipeline.publisher is not None:
             pipeline.publisher.close()
+        pipeline.release_registry()
     return pipeline
 
 

@@ -3,6 +3,7 @@ alerts MERGEd exactly once, alias hot swap without restart."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -98,6 +99,53 @@ def test_model_alerts_carry_the_version_and_follow_the_alias(
 
 def lake_table(root: str, name: str) -> str:
     return lake.table_path(root, name)
+
+
+def test_a_device_registered_while_the_pipeline_runs_is_registered_in_the_next_windows(
+    spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str, tmp_path: Path
+) -> None:
+    """Detection joins the registry from Spark's cache (``pipeline.registry``); a new version of
+    the table reaches it within seconds, with no restart."""
+    topic = make_topic(partitions=2)
+    start = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(hours=2)
+    write_registry(lake, ["known"])
+    settings = PipelineSettings(
+        lake_root=lake, checkpoint_root=str(tmp_path / "cp"), bootstrap_servers=bootstrap,
+        topic=topic, window="10 minutes", slide="5 minutes", watermark="5 minutes",
+        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}", firmware_topic="",
+        fast_path=False,  # its tasks need slots the shared local[2] session lacks
+    )  # fmt: skip
+    pipeline = job.start(spark, settings)
+    detection = next(q for q in pipeline.queries if q.name == job.DETECTION)
+
+    def rogue_windows() -> set[tuple[str, datetime]]:
+        return {(a["device_id"], a["window_start"]) for a in table_alerts(lake).values()
+                if a["alert_type"] == "rogue_device"}  # fmt: skip
+
+    try:
+        produce(bootstrap, topic, encoded(
+            device_series("known", start, 20) + device_series("newcomer", start, 20)
+        ))  # fmt: skip
+        detection.processAllAvailable()
+        raised = rogue_windows()
+        assert raised and {device for device, _ in raised} == {"newcomer"}
+        plan = detection._jsq.streamingQuery().lastExecution().executedPlan().toString()
+        assert "InMemoryTableScan" in plan  # the registry read from memory
+
+        assert pipeline.registry is not None
+        before = pipeline.registry.version
+        write_registry(lake, ["newcomer"], mode="append")
+        deadline = time.monotonic() + 30
+        while pipeline.registry.version == before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert pipeline.registry.version == before + 1
+        produce(bootstrap, topic, encoded(
+            device_series("newcomer", start + timedelta(minutes=40), 20)
+        ))  # fmt: skip
+        detection.processAllAvailable()
+        assert rogue_windows() == raised  # its windows since registration are not rogue
+    finally:
+        pipeline.stop()
 
 
 def windows_of(spark: Any, lake: str, *series: list[dict[str, Any]]) -> Any:

@@ -1,11 +1,13 @@
 """Where a JVM's CPU went: a summary of a Java Flight Recorder file from a pipeline run.
 
-Usage::
+Usage: while a pipeline runs (``bench/pipeline_latency.py ...``), record its JVM (the
+``SparkSubmit`` process whose parent is ``python -m pipeline run``) for a while, then read it::
 
-    RECORD=-XX:StartFlightRecording=filename=/tmp/rec.jfr,settings=profile,dumponexit=true
-    PYSPARK_SUBMIT_ARGS="--conf spark.driver.defaultJavaOptions=$RECORD pyspark-shell" \\
-      .venv/bin/python bench/pipeline_latency.py ...
+    jcmd <pid> JFR.start settings=profile filename=/tmp/rec.jfr duration=180s
     .venv/bin/python bench/jfr_profile.py /tmp/rec.jfr
+
+(Not through ``spark.driver.defaultJavaOptions``: a local session sets that option itself,
+``infra.spark``, and replaces one given in ``PYSPARK_SUBMIT_ARGS``.)
 
 Reads the recording with the JDK's ``jfr`` tool and prints:
 

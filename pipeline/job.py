@@ -395,6 +395,7 @@ class Pipeline:
     def release_registry(self) -> None:
         if self.registry is not None:
             self.registry.release()
+            self.registry = None
 
     def finish_available(self) -> None:
         """Let ingest, then detection (which reads what ingest quarantined), process what the

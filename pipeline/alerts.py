@@ -414,7 +414,7 @@ def write_alerts(
     stale: pd.DataFrame | None = None,
     publish: Publish | None = None,
     later: Callable[[Callable[[], None]], None] | None = None,
-    settle: Callable[[set[str]], None] | None = None,
+    settle: Callable[[], None] | None = None,
 ) -> None:
     """Append the alerts the table does not hold yet (``WrittenAlerts.to_write``: ``raised`` on
     a changed window, or called for by the ``final`` state of a closing one); then, in one MERGE,
@@ -423,10 +423,9 @@ def write_alerts(
     ``publish``, every row these writes change, as the table will hold it, is published first
     (``pipeline.publish``). With ``later``, the MERGE of final values and withdrawals is handed
     to it instead, to run after the batch (``pipeline.detection``); ``written`` holds the rows
-    as that MERGE will leave them from now on. ``settle`` is called with the alert types about
-    to be written, before anything is: it waits for such a MERGE of an earlier batch on those
-    partitions, which would fail beside an append to them (Delta checks a MERGE as
-    serializable).
+    as that MERGE will leave them from now on. ``settle`` is called before anything is written
+    to the table: it waits for such a MERGE of an earlier batch, which would fail beside an
+    append to its partitions (Delta checks a MERGE as serializable).
 
     An alert is written when first raised and, if its values changed meanwhile, once more with
     its final values. A window's rule alert is decided again every time the window changes, and
@@ -461,22 +460,21 @@ def write_alerts(
     if publish is not None:
         publish(_concat(appended, after[merge_changes.to_numpy()], withdrawn))
     laps("publish")
-    # Final values and withdrawals in one MERGE: both come when windows close.
-    final = _concat(updated, withdrawn)
-    deferred = later is not None and not final.empty
-    merged_now = rows[maybe] if deferred else _concat(merged, withdrawn)
-    if settle is not None and (len(appended) or len(merged_now)):
-        settle({*appended["alert_type"], *merged_now["alert_type"]})
+    if settle is not None and (len(appended) or len(merged) or len(withdrawn)):
+        settle()
         laps("wait for the last MERGE")
     if len(appended):
         append(to_spark(spark, appended), path, rows=len(appended))
     laps("append")
-    if len(merged_now):
-        merge_alerts(spark, merged_now, path)
-    if deferred:
-        assert later is not None
+    # Final values and withdrawals in one MERGE: both come when windows close.
+    final = _concat(updated, withdrawn)
+    if later is None or final.empty:
+        merge_alerts(spark, _concat(merged, withdrawn), path)
+    else:
+        if maybe.any():  # new alerts: not left for later
+            merge_alerts(spark, rows[maybe], path)
         later(partial(merge_alerts, spark, final, path))
-    laps("MERGE")
+    laps("MERGE" if later is None else "MERGE of new alerts")
     # Its types say which detector wrote (each writes its own).
     types = sorted({*appended["alert_type"], *merged["alert_type"], *withdrawn["alert_type"]})
     log.debug("alerts written (%s): %d appended, %d MERGEd%s, %d withdrawn; %s",

@@ -353,9 +353,6 @@ class FeaturesBatchWriter:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # The write a batch leaves to run after it has returned (its closed windows).
     _after: AfterBatch = field(default_factory=AfterBatch, repr=False)
-    # The alert types (the table's partitions) of the final values' MERGE the last closing
-    # batch left to run after it.
-    _merging: set[str] = field(default_factory=set, repr=False)
     _named: bool = field(default=False, repr=False)  # app_id carries the checkpoint's id
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -436,7 +433,7 @@ class FeaturesBatchWriter:
         def write_new_alerts() -> None:
             write_alerts(spark, alerts, last_word, path=path(lake.ALERTS), batch_id=batch_id,
                          written=written, stale=stale, publish=self.publish,
-                         later=final_values.append, settle=self._settle)  # fmt: skip
+                         later=final_values.append, settle=self._after.wait_first)  # fmt: skip
 
         # The window changes mark the batch done (``load_state``). They may land before the
         # alerts: a batch replayed after a crash between the two raises the same alerts from
@@ -448,19 +445,15 @@ class FeaturesBatchWriter:
         # those windows, go to ``alerts`` and ``features`` after it has returned, beside the
         # next batch: nobody waits for them (they were published above), while the next
         # batch's new alerts would wait seconds behind a MERGE. That batch writes to ``alerts``
-        # once the MERGE is done if it writes the same partitions (``_settle``; the append to
-        # ``features`` may still run): a MERGE beside an append to its partitions would fail.
-        # If the process dies first, the next start finds the windows closed in
-        # ``feature_changes`` but not in ``features``, and closes them again (``load_state``),
-        # which MERGEs the same final values.
+        # once the MERGE is done (``settle`` above; the append to ``features`` may still run):
+        # a MERGE beside an append to its partitions would fail. If the process dies first, the
+        # next start finds the windows closed in ``feature_changes`` but not in ``features``,
+        # and closes them again (``load_state``), which MERGEs the same final values.
         def merge_final_values() -> None:
             for merge in final_values:
                 merge()
 
         if len(closing) or final_values:
-            # The partitions the MERGE may write: the types of the final verdicts and of the
-            # withdrawn alerts.
-            self._merging = {*last_word["alert_type"], *stale["alert_type"]}
             self._after.start(spark, f"detection batch {batch_id}: final values' MERGE, closed "
                               "windows' append", merge_final_values,
                               append_closed if len(closing) else None)  # fmt: skip
@@ -479,13 +472,6 @@ class FeaturesBatchWriter:
         has stopped, so that a stopped pipeline's table holds every alert's latest values."""
         with self._lock:
             self._finish(spark)
-
-    def _settle(self, types: set[str]) -> None:
-        """Before this batch writes alerts of ``types``: wait for the last batch's final
-        values' MERGE if it may write those partitions; raise if it failed."""
-        if types & self._merging:
-            self._after.wait_first()
-        self._after.check()
 
     def settle(self) -> None:
         """Wait until the write the last batch left to run after it is done (``AfterBatch``):

@@ -20,7 +20,6 @@ import logging
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import partial
 from typing import Any, cast
 
 import numpy as np
@@ -413,19 +412,13 @@ def write_alerts(
     written: WrittenAlerts,
     stale: pd.DataFrame | None = None,
     publish: Publish | None = None,
-    later: Callable[[Callable[[], None]], None] | None = None,
-    settle: Callable[[], None] | None = None,
 ) -> None:
     """Append the alerts the table does not hold yet (``WrittenAlerts.to_write``: ``raised`` on
     a changed window, or called for by the ``final`` state of a closing one); then, in one MERGE,
     the ``final`` values of alerts (their window closed, or the query stopped) where they differ
     from the table's, and the ``stale`` ones marked withdrawn (``WrittenAlerts.stale``). With
     ``publish``, every row these writes change, as the table will hold it, is published first
-    (``pipeline.publish``). With ``later``, the MERGE of final values and withdrawals is handed
-    to it instead, to run after the batch (``pipeline.detection``); ``written`` holds the rows
-    as that MERGE will leave them from now on. ``settle`` is called before anything is written
-    to the table: it waits for such a MERGE of an earlier batch, which would fail beside an
-    append to its partitions (Delta checks a MERGE as serializable).
+    (``pipeline.publish``).
 
     An alert is written when first raised and, if its values changed meanwhile, once more with
     its final values. A window's rule alert is decided again every time the window changes, and
@@ -446,8 +439,7 @@ def write_alerts(
     new, changed = written.to_write(raised, final)
     rows = as_written(new, batch_id, batch_time())
     maybe = written.maybe_written(rows).to_numpy()
-    updated = written.updated(changed)
-    appended, merged = rows[~maybe], _concat(rows[maybe], updated)
+    appended, merged = rows[~maybe], _concat(rows[maybe], written.updated(changed))
     withdrawn = stale if stale is not None else _frame([])
     # What the MERGE leaves in the table: the rows it may hold are read (a start without state).
     held = {}
@@ -460,26 +452,16 @@ def write_alerts(
     if publish is not None:
         publish(_concat(appended, after[merge_changes.to_numpy()], withdrawn))
     laps("publish")
-    if settle is not None and (len(appended) or len(merged) or len(withdrawn)):
-        settle()
-        laps("wait for the last MERGE")
     if len(appended):
         append(to_spark(spark, appended), path, rows=len(appended))
     laps("append")
     # Final values and withdrawals in one MERGE: both come when windows close.
-    final = _concat(updated, withdrawn)
-    if later is None or final.empty:
-        merge_alerts(spark, _concat(merged, withdrawn), path)
-    else:
-        if maybe.any():  # new alerts: not left for later
-            merge_alerts(spark, rows[maybe], path)
-        later(partial(merge_alerts, spark, final, path))
-    laps("MERGE" if later is None else "MERGE of new alerts")
+    merge_alerts(spark, _concat(merged, withdrawn), path)
+    laps("MERGE")
     # Its types say which detector wrote (each writes its own).
     types = sorted({*appended["alert_type"], *merged["alert_type"], *withdrawn["alert_type"]})
-    log.debug("alerts written (%s): %d appended, %d MERGEd%s, %d withdrawn; %s",
-              ", ".join(types) or "none", len(appended), len(merged),
-              "" if later is None else f" ({len(updated)} after the batch)", len(withdrawn),
+    log.debug("alerts written (%s): %d appended, %d MERGEd, %d withdrawn; %s",
+              ", ".join(types) or "none", len(appended), len(merged), len(withdrawn),
               laps)  # fmt: skip
     for part in (appended, after, withdrawn):
         written.remember(part)

@@ -320,19 +320,18 @@ def _read(spark: SparkSession, lake_root: str, name: str) -> DataFrame | None:
 class FeaturesBatchWriter:
     """``foreachBatch`` function of the detection query (update mode: the windows that changed).
 
-    Writes the new alerts (``write_alerts``) beside the windows that changed, to
-    ``feature_changes``, and returns. The final values of the alerts whose window this batch
-    closed (a MERGE), then those windows, once, go to ``alerts`` and ``features`` while Spark
-    runs the next batch (``AfterBatch``).
+    Writes the new alerts, then the final values of the alerts whose window this batch closed
+    (``write_alerts``), beside the windows that changed, to ``feature_changes``, and returns.
+    The windows it closed go, once, to ``features`` while Spark runs the next batch
+    (``AfterBatch``).
 
     Exactly once: the ``features`` append is keyed by the batch id, so a replay writes nothing
     twice there; a replay's ``feature_changes`` rows, if its first attempt had written them,
     repeat them, and every reader keeps one row per window (the latest batch's). The
     ``feature_changes`` append marks the batch as done for ``load_state``; a window it shows
-    closed that ``features`` lacks (the process died after the batch, maybe before the final
-    values' MERGE) is closed again by the next start's first batch (final values again: the
-    same). A batch replayed from the state its window changes leave raises the same alerts and
-    writes those the table lacks.
+    closed that ``features`` lacks (the process died after the batch) is closed again by the
+    next start's first batch (final values again: the same). A batch replayed from the state
+    its window changes leave raises the same alerts and writes those the table lacks.
     """
 
     lake_root: str
@@ -428,35 +427,24 @@ class FeaturesBatchWriter:
         written = self.written
         self._after.check()  # the last closing batch's append to ``features`` did not fail
 
-        final_values: list[Callable[[], None]] = []  # the MERGE left for after the batch
-
         def write_new_alerts() -> None:
             write_alerts(spark, alerts, last_word, path=path(lake.ALERTS), batch_id=batch_id,
-                         written=written, stale=stale, publish=self.publish,
-                         later=final_values.append, settle=self._after.wait_first)  # fmt: skip
+                         written=written, stale=stale, publish=self.publish)  # fmt: skip
 
         # The window changes mark the batch done (``load_state``). They may land before the
         # alerts: a batch replayed after a crash between the two raises the same alerts from
         # the same windows, and writes those the table lacks (first batch after a start).
         took = side_by_side(write_new_alerts, write_changes)
         laps("alerts {:.2f} s beside window changes {:.2f} s, both".format(*took))
-
-        # The final values of the alerts of the windows this batch closed (a MERGE), then
-        # those windows, go to ``alerts`` and ``features`` after it has returned, beside the
-        # next batch: nobody waits for them (they were published above), while the next
-        # batch's new alerts would wait seconds behind a MERGE. That batch writes to ``alerts``
-        # once the MERGE is done (``settle`` above; the append to ``features`` may still run):
-        # a MERGE beside an append to its partitions would fail. If the process dies first, the
-        # next start finds the windows closed in ``feature_changes`` but not in ``features``,
-        # and closes them again (``load_state``), which MERGEs the same final values.
-        def merge_final_values() -> None:
-            for merge in final_values:
-                merge()
-
-        if len(closing) or final_values:
-            self._after.start(spark, f"detection batch {batch_id}: final values' MERGE, closed "
-                              "windows' append", merge_final_values,
-                              append_closed if len(closing) else None)  # fmt: skip
+        # The windows this batch closed go to ``features`` after it has returned, beside the
+        # next batch: nothing an analyst waits for. If the process dies first, the next start
+        # finds them closed in ``feature_changes`` but not in ``features``, and closes them
+        # again (``load_state``). The alerts' MERGE above stays in the batch: one beside the
+        # next batch's append to ``alerts`` would fail (Delta checks a MERGE as serializable),
+        # and waiting for it there would put it between that batch and its alerts.
+        if len(closing):
+            self._after.start(spark, f"detection batch {batch_id}: closed windows' append",
+                              append_closed)  # fmt: skip
         log.debug("detection batch %d: %d windows changed, %d closed, %d alerts; %s", batch_id,
                   len(changed), len(closing), len(alerts), laps)  # fmt: skip
         self.state = state

@@ -186,50 +186,28 @@ class AfterBatch:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._first = threading.Event()
-        self._first.set()
 
-    def start(
-        self,
-        spark: SparkSession,
-        what: str,
-        write: Callable[[], None],
-        then: Callable[[], None] | None = None,
-    ) -> None:
-        """Run ``write``, then ``then`` if it succeeded, once the last ones are done; the debug
-        log says ``what`` and their seconds."""
+    def start(self, spark: SparkSession, what: str, write: Callable[[], None]) -> None:
+        """Run ``write`` once the last one is done; the debug log says ``what`` and its seconds."""
         self.wait()
         context = spark.sparkContext
         group = context.getLocalProperty("spark.jobGroup.id")
-        first = self._first = threading.Event()
 
         def run() -> None:
             if group:
                 context.setJobGroup(group + self.JOB_GROUP_SUFFIX, "a write after its batch")
-            took = []
+            began = time.perf_counter()
             try:
-                for step in (write, then) if then is not None else (write,):
-                    began = time.perf_counter()
-                    step()
-                    took.append(f"{time.perf_counter() - began:.2f}")
-                    first.set()
+                write()
             except BaseException as exc:  # raised by the next wait, in the batch's thread
                 self._error = exc
                 log.error("%s failed: %s", what, exc)
                 return
-            finally:
-                first.set()  # after the error is recorded: a wait then raises it
-            log.debug("%s, after it: %s s", what, " + ".join(took))
+            log.debug("%s, after it: %.2f s", what, time.perf_counter() - began)
 
         # InheritableThread carries Spark's thread-local properties (scheduler pool).
         self._thread = InheritableThread(target=run, name="after-batch", daemon=True)
         self._thread.start()
-
-    def wait_first(self) -> None:
-        """Return once the last ``write`` is done (its ``then`` may still run); raise if it
-        (or an earlier one) failed."""
-        self._first.wait()
-        self.check()
 
     def wait(self) -> None:
         """Return once the last write is done; raise if it (or an earlier one) failed."""

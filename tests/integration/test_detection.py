@@ -253,7 +253,6 @@ CRASHES = [
     ("closes nothing", "new alerts", True),
     ("closes windows", "new alerts", True),
     ("closes windows", "window changes", True),
-    ("closes windows", "final values", False),
     ("closes windows", "final values", True),
     ("closes windows", "closed windows", False),
     ("closes windows", "closed windows", True),
@@ -265,11 +264,10 @@ def test_a_batch_killed_within_its_writes_leaves_the_tables_as_a_run_without_one
     spark: Any, lake: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     kind: str, dies_in: str, replayed: bool,
 ) -> None:  # fmt: skip
-    """A batch writes its new alerts beside its window changes (which mark it done), and
-    returns; the final values of the alerts of the windows it closed, then those windows, go to
-    ``alerts`` and ``features`` after it. Killed in any of these writes, then started again
-    (batch 7 again, or the next one), the pipeline leaves every table as a run that was never
-    killed."""
+    """A batch writes its new alerts, then the final values of the alerts of the windows it
+    closed, beside its window changes (which mark it done), and returns; the windows it closed
+    go to ``features`` after it. Killed in any of these writes, then started again (batch 7
+    again, or the next one), the pipeline leaves every table as a run that was never killed."""
     from pipeline import alerts, detection
     from pipeline.detection import window_states
 
@@ -342,74 +340,6 @@ def test_a_batch_killed_within_its_writes_leaves_the_tables_as_a_run_without_one
     assert bool(closed_by_7) == (kind == "closes windows")
 
 
-def test_a_batch_returns_before_the_final_values_merge_and_the_next_waits_for_it_to_write(
-    spark: Any, lake: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The batch that closes windows returns while their alerts' final values are still being
-    MERGEd: the next batch runs meanwhile, and writes its alerts once that MERGE is done (one
-    beside it would fail it). The tables end as those of a run whose MERGEs were quick."""
-    import threading
-
-    from pipeline import alerts
-
-    start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
-    # As in the test above: batch 7 closes the rogue device's first windows (their final
-    # values MERGEd) and raises alerts on a new window; batch 8 raises more.
-    first = [
-        device_series("rogue", start, 120),
-        device_series("other", start + timedelta(minutes=64, seconds=55), 1),
-    ]
-    then = [device_series("rogue", start + timedelta(hours=1), 40)]
-    last = [device_series("rogue", start + timedelta(hours=1, minutes=20), 20)]
-    none = ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent")
-    reference = str(tmp_path / "reference")
-    quick = FeaturesBatchWriter(reference, none)
-    for batch_id, rows in enumerate((first, then, last), start=6):
-        quick(windows_of(spark, reference, *rows), batch_id)
-    quick.settle()
-
-    batches = [windows_of(spark, lake, *rows) for rows in (first, then, last)]
-    writer = FeaturesBatchWriter(lake, none)
-    writer(batches[0], 6)
-    writer.settle()
-    merge, opened, merging = alerts.merge_alerts, threading.Event(), threading.Event()
-
-    def gated(*args: Any, **kwargs: Any) -> None:
-        merging.set()
-        assert opened.wait(120), "the test never let the MERGE go on"
-        merge(*args, **kwargs)
-
-    monkeypatch.setattr(alerts, "merge_alerts", gated)
-    seventh = threading.Thread(target=writer, args=(batches[1], 7))
-    seventh.start()
-    seventh.join(60)
-    if seventh.is_alive():
-        opened.set()  # let it end
-        pytest.fail("batch 7 waited for its final values' MERGE to return")
-    assert merging.wait(60), "batch 7 MERGEd nothing: the test would see no wait"
-    table = lake_table(lake, "alerts")
-    versions = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").count()
-    eighth = threading.Thread(target=writer, args=(batches[2], 8))
-    eighth.start()
-    eighth.join(20)
-    # Batch 8 has its alerts, and waits for the MERGE to write them.
-    assert eighth.is_alive()
-    assert spark.sql(f"DESCRIBE HISTORY delta.`{table}`").count() == versions
-    opened.set()
-    eighth.join(120)
-    assert not eighth.is_alive()
-    writer.settle()
-    monkeypatch.undo()
-
-    def rows(root: str, name: str) -> list[Any]:
-        frame = spark.read.format("delta").load(lake_table(root, name))
-        return sorted(frame.drop("detected_at").collect())
-
-    assert rows(lake, "alerts") == rows(reference, "alerts")
-    assert rows(lake, "features") == rows(reference, "features")
-    assert [r for r in rows(lake, "alerts") if r.batch_id == 8], "batch 8 raised no alert"
-
-
 def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_stops(
     spark: Any, lake: str, tmp_path: Path
 ) -> None:
@@ -433,7 +363,7 @@ def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_s
     writer.finish(spark)  # the query stopped: open windows' alerts get their latest values
     assert last_event_times()[start] == start + timedelta(minutes=6)
     writer(rogue_device_windows(spark, lake, (0, 1)), 2)  # up to 08:59:30: 08:00-08:10 closed
-    writer.settle()  # the final values' MERGE and the closed windows' append
+    writer.settle()  # its closed windows' append to features, after the batch
     final = last_event_times()
     assert final[start] == start + timedelta(minutes=9, seconds=30)
     assert len(final) == 13  # one per window start, 07:55 to 08:55
@@ -485,7 +415,7 @@ def test_a_rule_alert_its_finished_window_does_not_call_for_is_withdrawn(
     assert stuck_alerts() == {(d, w): "raised" for d in ("stuck", "clean") for w in first}
     before_close = len(operations())
     writer(windows(recovers + constant), 1)  # to 08:59:30: both windows closed
-    writer.settle()  # the final values' MERGE and the closed windows' append
+    writer.settle()  # its closed windows' append to features, after the batch
     # The new alerts appended; final values and the withdrawal in one MERGE.
     assert operations()[before_close:] == ["WRITE", "MERGE"]
     after = stuck_alerts()

@@ -138,9 +138,8 @@ def test_writes_left_after_a_batch_run_in_order_and_a_query_stop_does_not_cut_th
 ) -> None:
     """``AfterBatch`` on a real streaming query: a write starts once ``foreachBatch`` has
     returned, the next one once it is done, and each runs in a job group of its own, so the
-    query's stop (which cancels the query's jobs) lets it finish; of two writes, the end of the
-    first can be waited for alone; a failed one fails the next wait and start, and the write
-    after it does not run."""
+    query's stop (which cancels the query's jobs) lets it finish; a failed one fails the next
+    wait and start."""
     import threading
     import time
 
@@ -187,29 +186,16 @@ def test_writes_left_after_a_batch_run_in_order_and_a_query_stop_does_not_cut_th
     assert order[-1] == "quick"
     after.wait()
     assert order[-1] == "then"
-    # Two writes, one after the other: the first one's end can be waited for alone.
-    let_go = threading.Event()
-
-    def held() -> None:
-        assert let_go.wait(60)
-        order.append("held")
-
-    after.start(spark, "batch 3", quick, held)
-    after.wait_first()
-    assert order[-1] == "quick"
-    let_go.set()
-    after.wait()
-    assert order[-1] == "held"
 
     def fails() -> None:
         raise ValueError("disk full")
 
-    after.start(spark, "batch 4", fails, then)
+    after.start(spark, "batch 3", fails)
     with pytest.raises(RuntimeError, match="after its micro-batch failed") as caught:
-        after.wait_first()
+        after.wait()
     assert isinstance(caught.value.__cause__, ValueError)
     with pytest.raises(RuntimeError):  # the next batch stops there
         after.check()
     with pytest.raises(RuntimeError):
-        after.start(spark, "batch 5", quick)
-    assert order[-1] == "held", "a write after a failed one ran"
+        after.start(spark, "batch 4", quick)
+    assert order[-1] == "then", "a write after a failed one ran"

@@ -202,7 +202,7 @@ class SparkSettings(BaseSettings):
 
     master: str = Field(default="local[*]", description="Spark master URL")
     shuffle_partitions: int = Field(
-        default=0, ge=0, description="spark.sql.shuffle.partitions; 0 sizes it to the cores"
+        default=0, ge=0, description="spark.sql.shuffle.partitions; 0: half the cores, at least 1"
     )
     driver_memory: str = Field(default="2g", description="spark.driver.memory (local mode)")
     resolve_jars: bool = Field(

@@ -4,6 +4,7 @@ registry join -> window features, with Delta sinks."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -132,8 +133,15 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
         assert first_window.event_count == 20  # 20 readings 30 s apart fill the 10-minute window
         assert first_window.voltage_v_mean == pytest.approx(230.9, abs=0.5)
 
-        # A registry change is used from the next micro-batch, without restart.
+        # A registry change reaches the joins without restart: the pipeline looks for a new
+        # version every second (``pipeline.registry``), and the batches after that use it.
+        assert pipeline.registry is not None
+        before = pipeline.registry.version
         write_registry(lake, ["dev-1", "dev-2", "dev-9"])
+        deadline = time.monotonic() + 30
+        while pipeline.registry.version == before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert pipeline.registry.version == before + 1
         later = start + timedelta(minutes=20)
         produce(bootstrap, topic, encoded(device_series("dev-9", later, 4)))
         for query in pipeline.queries:

@@ -52,11 +52,9 @@ PAGE_SIZE = "256k"
 def default_shuffle_partitions() -> int:
     """Shuffle partitions: half the cores, at least one. Each stateful partition is a task and a
     state store in every micro-batch, overhead that Spark's default of 200 makes a small machine
-    pay. The pipeline's queries run side by side, so they share the cores among them rather than
-    each needing all of them for its own partitions: on two cores, one partition instead of two
-    left detection's batches shorter and the pipeline's CPU lower at 500 events/s
-    (docs/PERFORMANCE.md; measured on two cores only). A checkpoint keeps the number it started
-    with."""
+    pay. The pipeline's queries run side by side and share the cores among them, so none needs
+    a partition per core (docs/PERFORMANCE.md, session 63; measured on two cores only). A
+    checkpoint keeps the number it started with."""
     return max(1, (os.cpu_count() or 2) // 2)
 
 

@@ -57,7 +57,7 @@ def run(root: Path, bootstrap: str, args: argparse.Namespace) -> int:
            "IOT_TOPIC": "bench.telemetry", "IOT_PIPELINE_CHECKPOINT_ROOT": str(root / "cp"),
            "IOT_PIPELINE_ALERTS_TOPIC": ALERTS_TOPIC,
            "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'none.db'}",
-           "IOT_SPARK_MASTER": "local[2]", "IOT_SPARK_SHUFFLE_PARTITIONS": "2",
+           "IOT_SPARK_MASTER": "local[2]",
            "IOT_SIM_DEVICES": str(args.devices), "IOT_SIM_PARTITIONS": "4",
            "IOT_SIM_INTERVAL_MIN_S": "4", "IOT_SIM_INTERVAL_MAX_S": "6",
            # Enough rogue devices and firmware changes in a few minutes to measure.

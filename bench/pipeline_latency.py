@@ -6,7 +6,8 @@ Usage::
 
 Starts its own broker (free ports, temp folder) unless KAFKA_BOOTSTRAP_SERVERS is set, creates a
 registry, starts the pipeline live (``python -m pipeline run``, 1 s trigger, the ingest's 5 s
-unless set, rules only, local[2] unless ``--master`` says otherwise, 2 shuffle partitions) and,
+unless set, rules only, local[2] unless ``--master`` says otherwise, the shuffle partitions a user
+gets: half the driver's cores unless IOT_SPARK_SHUFFLE_PARTITIONS says otherwise) and,
 once it has started, the simulator at ``--rate`` events/s for ``--seconds`` (all scenarios).
 Then it lets the pipeline drain (at most ``--drain`` seconds) and prints a JSON object:
 
@@ -316,7 +317,7 @@ def run(
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "IOT_LAKE_ROOT": lake,
            "IOT_TOPIC": "bench.telemetry", "IOT_PIPELINE_CHECKPOINT_ROOT": str(root / "cp"),
            "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'none.db'}",
-           "IOT_SPARK_MASTER": args.master, "IOT_SPARK_SHUFFLE_PARTITIONS": "2",
+           "IOT_SPARK_MASTER": args.master,
            "IOT_PIPELINE_TRIGGER_INTERVAL": "1 second", "IOT_SIM_DEVICES": str(args.devices),
            "IOT_SIM_PARTITIONS": "4",
            # The log file (Spark's lines, the project's DEBUG lines) in the run's folder.

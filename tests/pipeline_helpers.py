@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterable
 from datetime import date, datetime, timedelta, timezone
@@ -66,6 +67,28 @@ def write_registry(lake_root: str, device_ids: Iterable[str], mode: str = "overw
     ]  # fmt: skip
     table = pa.Table.from_pylist(rows, schema=c.arrow_schema(c.DEVICES_COLUMNS))
     write_deltalake(lake.table_path(lake_root, lake.DEVICES), table, mode=mode)  # type: ignore[arg-type]
+
+
+def register_and_wait(
+    pipeline: Any,
+    lake_root: str,
+    device_ids: Iterable[str],
+    mode: str = "overwrite",
+    timeout_s: float = 30.0,
+) -> None:
+    """``write_registry``, then wait (bounded) until the running ``pipeline`` has cached the new
+    version: it looks every second (``pipeline.registry``), and only the batches planned after
+    that see the new devices. Fails when the version does not move by exactly one."""
+    assert pipeline.registry is not None, "the pipeline has no registry cached: start its joins"
+    before = pipeline.registry.version
+    write_registry(lake_root, device_ids, mode=mode)
+    deadline = time.monotonic() + timeout_s
+    while pipeline.registry.version == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pipeline.registry.version == before + 1, (
+        f"registry version {pipeline.registry.version} after {timeout_s:.0f} s, "
+        f"expected {before + 1}"
+    )
 
 
 def produce(bootstrap: str, topic: str, messages: Iterable[tuple[str | None, bytes]]) -> int:

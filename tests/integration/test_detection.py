@@ -3,7 +3,6 @@ alerts MERGEd exactly once, alias hot swap without restart."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -29,6 +28,7 @@ from tests.pipeline_helpers import (
     encoded,
     latest_alerts,
     produce,
+    register_and_wait,
     table_alerts,
     topic_messages,
     write_registry,
@@ -132,13 +132,7 @@ def test_a_device_registered_while_the_pipeline_runs_is_registered_in_the_next_w
         plan = detection._jsq.streamingQuery().lastExecution().executedPlan().toString()
         assert "InMemoryTableScan" in plan  # the registry read from memory
 
-        assert pipeline.registry is not None
-        before = pipeline.registry.version
-        write_registry(lake, ["newcomer"], mode="append")
-        deadline = time.monotonic() + 30
-        while pipeline.registry.version == before and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert pipeline.registry.version == before + 1
+        register_and_wait(pipeline, lake, ["newcomer"], mode="append")
         produce(bootstrap, topic, encoded(
             device_series("newcomer", start + timedelta(minutes=40), 20)
         ))  # fmt: skip

@@ -4,7 +4,6 @@ registry join -> window features, with Delta sinks."""
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -25,6 +24,7 @@ from tests.pipeline_helpers import (
     encoded,
     produce,
     query_stage_pools,
+    register_and_wait,
     write_registry,
 )
 
@@ -135,13 +135,7 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
 
         # A registry change reaches the joins without restart: the pipeline looks for a new
         # version every second (``pipeline.registry``), and the batches after that use it.
-        assert pipeline.registry is not None
-        before = pipeline.registry.version
-        write_registry(lake, ["dev-1", "dev-2", "dev-9"])
-        deadline = time.monotonic() + 30
-        while pipeline.registry.version == before and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert pipeline.registry.version == before + 1
+        register_and_wait(pipeline, lake, ["dev-1", "dev-2", "dev-9"])
         later = start + timedelta(minutes=20)
         produce(bootstrap, topic, encoded(device_series("dev-9", later, 4)))
         for query in pipeline.queries:

@@ -41,6 +41,17 @@ HOTSPOT_HUGE_METHOD_LIMIT = 8000
 # spark.driver.defaultJavaOptions, it replaces any given to PySpark (PYSPARK_SUBMIT_ARGS);
 # JAVA_TOOL_OPTIONS still reaches the JVM.
 G1_REGION_SIZE = "16m"
+# When HotSpot compiles a method with its optimizing compiler (C2): after 5,000 calls or 40,000
+# loop turns by default. A micro-batch calls thousands of methods of Spark's and Delta's
+# planning and commits a few times each, so every few batches more of them cross the line, and
+# in the running pipeline C2 never stopped compiling them (a fifth of a core half an hour in,
+# docs/PERFORMANCE.md, session 64). Ten times the thresholds leave such methods to the quick
+# compiler (C1); the per-row code of a batch crosses them within seconds and is compiled by C2
+# as before.
+C2_THRESHOLDS = (
+    "-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
+    "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000"
+)
 # Spark's unit of memory for its hash maps, sorts and broadcast relations (spark.buffer.pageSize),
 # held whole from the first row. Spark's default is a sixteenth of a core's share of the heap:
 # 32 MB on a 2 GB driver, so a broadcast of a 1,000-device registry held 32 MB, per micro-batch.
@@ -102,7 +113,9 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
     }
     if settings.master.startswith("local"):
         conf["spark.driver.memory"] = settings.driver_memory
-        conf["spark.driver.defaultJavaOptions"] = f"-XX:G1HeapRegionSize={G1_REGION_SIZE}"
+        conf["spark.driver.defaultJavaOptions"] = (
+            f"-XX:G1HeapRegionSize={G1_REGION_SIZE} {C2_THRESHOLDS}"
+        )
         conf["spark.buffer.pageSize"] = PAGE_SIZE
     if jars:
         conf["spark.jars"] = ",".join(str(p) for p in jars)

@@ -221,3 +221,24 @@ def test_a_local_session_s_jvm_takes_a_batch_s_megabyte_arrays_as_young_objects(
         f"G1 regions of {region:,} bytes: a broadcast block of 4 MB is allocated outside the "
         "young generation (spark.driver.defaultJavaOptions did not reach the JVM?)"
     )
+
+
+def test_a_local_session_s_jvm_leaves_code_run_a_few_times_a_batch_to_the_quick_compiler(
+    spark: SparkSession,
+) -> None:
+    """HotSpot's optimizing compiler (C2) takes a method after 5,000 calls by default: in the
+    running pipeline it kept compiling Spark's and Delta's per-batch planning and commit code
+    for the whole half hour, a fifth of a core (docs/PERFORMANCE.md, session 64). The session's
+    JVM runs with ten times the thresholds (``infra.spark.C2_THRESHOLDS``)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    values = {name: int(diagnostics.getVMOption(name).getValue()) for name in (
+        "Tier4InvocationThreshold", "Tier4MinInvocationThreshold", "Tier4CompileThreshold",
+        "Tier4BackEdgeThreshold")}  # fmt: skip
+    assert values == {"Tier4InvocationThreshold": 50000, "Tier4MinInvocationThreshold": 6000,
+                      "Tier4CompileThreshold": 150000, "Tier4BackEdgeThreshold": 400000}, (
+        f"{values}: spark.driver.defaultJavaOptions did not reach the JVM?"
+    )  # fmt: skip

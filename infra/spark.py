@@ -44,8 +44,8 @@ G1_REGION_SIZE = "16m"
 # When HotSpot compiles a method with its optimizing compiler (C2): after 5,000 calls or 40,000
 # loop turns by default. A micro-batch calls thousands of methods of Spark's and Delta's
 # planning and commits a few times each, so every few batches more of them cross the line, and
-# in the running pipeline C2 never stopped compiling them (a fifth of a core half an hour in,
-# docs/PERFORMANCE.md, session 64). Ten times the thresholds leave such methods to the quick
+# in the running pipeline C2 never stopped compiling them, on the cores the queries need
+# (docs/PERFORMANCE.md, session 64). Ten times the thresholds leave such methods to the quick
 # compiler (C1); the per-row code of a batch crosses them within seconds and is compiled by C2
 # as before.
 C2_THRESHOLDS = (

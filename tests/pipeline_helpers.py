@@ -7,10 +7,13 @@ import time
 import uuid
 from collections.abc import Iterable
 from datetime import date, datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra import contract as c
 from infra import lake
+
+if TYPE_CHECKING:
+    from pipeline.job import Pipeline
 
 
 def make_event(
@@ -70,7 +73,7 @@ def write_registry(lake_root: str, device_ids: Iterable[str], mode: str = "overw
 
 
 def register_and_wait(
-    pipeline: Any,
+    pipeline: Pipeline,
     lake_root: str,
     device_ids: Iterable[str],
     mode: str = "overwrite",
@@ -79,15 +82,15 @@ def register_and_wait(
     """``write_registry``, then wait (bounded) until the running ``pipeline`` has cached the new
     version: it looks every second (``pipeline.registry``), and only the batches planned after
     that see the new devices. Fails when the version does not move by exactly one."""
-    assert pipeline.registry is not None, "the pipeline has no registry cached: start its joins"
-    before = pipeline.registry.version
+    registry = pipeline.registry
+    assert registry is not None, "the pipeline has no registry cached: start its joins"
+    before = registry.version
     write_registry(lake_root, device_ids, mode=mode)
     deadline = time.monotonic() + timeout_s
-    while pipeline.registry.version == before and time.monotonic() < deadline:
+    while registry.version == before and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert pipeline.registry.version == before + 1, (
-        f"registry version {pipeline.registry.version} after {timeout_s:.0f} s, "
-        f"expected {before + 1}"
+    assert registry.version == before + 1, (
+        f"registry version {registry.version} after {timeout_s:.0f} s, expected {before + 1}"
     )
 
 

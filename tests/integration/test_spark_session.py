@@ -210,12 +210,7 @@ def test_a_local_session_s_jvm_takes_a_batch_s_megabyte_arrays_as_young_objects(
     Here: the session's JVM (which PySpark started with the session's options) runs with
     regions large enough for a 4 MB block to be an ordinary young object (under half a
     region)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
-        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
-    )
-    region = int(diagnostics.getVMOption("G1HeapRegionSize").getValue())
+    region = vm_option(spark, "G1HeapRegionSize")
     block = 4 * 1024 * 1024 + 16  # a 4 MB broadcast block and its array header
     assert block < region / 2, (
         f"G1 regions of {region:,} bytes: a broadcast block of 4 MB is allocated outside the "
@@ -230,15 +225,20 @@ def test_a_local_session_s_jvm_leaves_code_run_a_few_times_a_batch_to_the_quick_
     running pipeline it kept compiling Spark's and Delta's per-batch planning and commit code
     for the whole half hour, a fifth of a core (docs/PERFORMANCE.md, session 64). The session's
     JVM runs with ten times the thresholds (``infra.spark.C2_THRESHOLDS``)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
-        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
-    )
-    values = {name: int(diagnostics.getVMOption(name).getValue()) for name in (
+    values = {name: vm_option(spark, name) for name in (
         "Tier4InvocationThreshold", "Tier4MinInvocationThreshold", "Tier4CompileThreshold",
         "Tier4BackEdgeThreshold")}  # fmt: skip
     assert values == {"Tier4InvocationThreshold": 50000, "Tier4MinInvocationThreshold": 6000,
                       "Tier4CompileThreshold": 150000, "Tier4BackEdgeThreshold": 400000}, (
         f"{values}: spark.driver.defaultJavaOptions did not reach the JVM?"
     )  # fmt: skip
+
+
+def vm_option(spark: SparkSession, name: str) -> int:
+    """A numeric HotSpot option of the session's JVM, as that JVM runs with it."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    return int(diagnostics.getVMOption(name).getValue())

@@ -40,8 +40,8 @@ def cli() -> None:
 @click.option(
     "--ready-file",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Create this file once every query runs and the model is loaded (the demo starts its "
-    "simulator then).",
+    help="Create this file once every query has run its first micro-batch and the model is "
+    "loaded (the demo starts its simulator then).",
 )
 def run(
     available_now: bool, no_progress: bool, ready_file: Path | None, **_settings: object
@@ -96,6 +96,9 @@ def run(
         # is counted batch by batch. The first batches go by before this is set; they are
         # slow anyway (state loads, code compiles), and none alone makes the warning.
         pipeline.listener.on_progress = warn_if_behind
+        if starting := pipeline.wait_until_running():
+            log.warning("still in their first micro-batch after %.0f s: %s",
+                        job.FIRST_TRIGGER_WAIT_S, ", ".join(starting))  # fmt: skip
         log.info("pipeline running; Ctrl-C stops it cleanly")
         if ready_file is not None:
             ready_file.write_text("running\n")

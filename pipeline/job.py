@@ -106,6 +106,8 @@ RESTART_AFTER_S = 600.0
 REGISTRY_CHECK_S = 1.0
 # How long a drained stop waits for a query's micro-batch to end (``Pipeline.finish_available``).
 DRAIN_WAIT_S = 60.0
+# How long the start waits for the queries' first triggers (``Pipeline.wait_until_running``).
+FIRST_TRIGGER_WAIT_S = 180.0
 
 
 def check_locations(settings: PipelineSettings) -> None:
@@ -376,6 +378,23 @@ class Pipeline:
             return self._start(silence_changes(rows, s.silence_spec()), SILENCE, writer,
                                interval=s.silence_trigger_interval,
                                output_mode="update")  # fmt: skip
+
+    def wait_until_running(self, timeout_s: float = FIRST_TRIGGER_WAIT_S) -> list[str]:
+        """Wait, at most ``timeout_s``, until each micro-batch query has ended its first trigger
+        (a first batch, or nothing to read) and waits for the next one. A query's first batch
+        plans its stages, compiles their code and starts its Python workers, several seconds
+        on a small machine, with every query's first batch at once: a message sent before they
+        end waits for them. The fast path is not waited for (its Real-time Mode batch lasts a
+        checkpoint interval), nor a query that has stopped (``failures`` reports it). Returns
+        the names of the queries still in their first trigger."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            starting = [query.name for query in self.queries
+                        if query.name != FAST_PATH and query.isActive
+                        and not str(query.status["message"]).startswith("Waiting")]  # fmt: skip
+            if not starting or time.monotonic() >= deadline:
+                return starting
+            time.sleep(0.2)
 
     def flush_metrics(self) -> None:
         self.listener.flush(self.spark)

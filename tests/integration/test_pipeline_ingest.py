@@ -97,6 +97,12 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
     assert triggers == {job.INGEST: "ProcessingTimeTrigger(5000)",
                         job.DETECTION: "ProcessingTimeTrigger(1000)"}  # fmt: skip
     try:
+        # What `pipeline run --ready-file` waits for before it says the pipeline runs: every
+        # query past its first micro-batch (here with data), so a message sent then waits for
+        # no query's start.
+        assert pipeline.wait_until_running(timeout_s=180) == []
+        ran = {q.name: q.lastProgress is not None for q in pipeline.queries}
+        assert ran == {job.INGEST: True, job.DETECTION: True}, ran
         for query in pipeline.queries:
             query.processAllAvailable()
         pipeline.queries[1].processAllAvailable()  # detection sees the ingest's last duplicates

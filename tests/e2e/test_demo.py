@@ -145,3 +145,15 @@ def test_bounded_demo_detects_every_injected_scenario(
     first = pc.min(sent.column(0)).as_py()
     first = first if first.tzinfo else first.replace(tzinfo=timezone.utc)
     assert first.timestamp() >= ready - 1, (first, ready)  # a second: file times' granularity
+    # Nor while the queries ran their first micro-batches (plans, generated code, Python
+    # workers): the pipeline says it runs once each has ended one. The fast path is left out:
+    # its Real-time Mode batch lasts a checkpoint interval.
+    metrics = DeltaTable(str(tmp_path / "lake" / "pipeline_metrics")).to_pandas(
+        columns=["query_name", "batch_id", "timestamp", "batch_duration_ms"]
+    )
+    metrics = metrics[metrics["query_name"] != "fast_path"]
+    firsts = metrics[metrics["batch_id"] == 0]
+    assert set(firsts["query_name"]) == set(metrics["query_name"]), metrics
+    ended = {row.query_name: row.timestamp.timestamp() + row.batch_duration_ms / 1000
+             for row in firsts.itertuples()}  # fmt: skip
+    assert all(end <= ready + 1 for end in ended.values()), (ended, ready)

@@ -75,9 +75,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=400_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    spark = build_spark_session(
-        "parse-cost", SparkSettings(master="local[2]", shuffle_partitions=2)
-    )
+    spark = build_spark_session("parse-cost", SparkSettings(master="local[2]"))
     raw = messages(spark, args.events)
     session_limit = spark.conf.get(HUGE_METHOD_LIMIT)
     jobs: dict[str, tuple[Callable[[Any], Any], str]] = {

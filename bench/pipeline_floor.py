@@ -12,7 +12,7 @@ quarantine table, no registry join, no windows, no model, no alerts) with the pi
 here: when the floor is below a target, no design of the pipeline meets it on this machine.
 
 ``throughput`` fills a topic with the simulator (all scenarios), then runs, one after the other
-on the same SparkSession (``local[2]``, 2 shuffle partitions, ``availableNow``,
+on the same SparkSession (``local[2]``, the product's shuffle partitions, ``availableNow``,
 ``--max-offsets`` per micro-batch), each stage once on a separate warm-up topic first:
 
 1. read: the Kafka source into the ``noop`` sink;
@@ -208,9 +208,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="floorbench-") as tmp:
         root = Path(tmp)
         with bench_broker(root / "kafka") as bootstrap:
-            spark = build_spark_session(
-                "floor-bench", SparkSettings(master="local[2]", shuffle_partitions=2)
-            )
+            spark = build_spark_session("floor-bench", SparkSettings(master="local[2]"))
             measure = throughput if args.mode == "throughput" else latency
             result = measure(args, root, bootstrap, spark)
     print(json.dumps(result, indent=2))

@@ -217,9 +217,7 @@ def main() -> int:
         with bench_broker(root / "kafka") as bootstrap:
             topic = f"bench.{uuid.uuid4().hex[:8]}"
             fill_s = fill_topic(bootstrap, topic, str(root / "lake"), args.events, args.devices)
-            spark = build_spark_session(
-                "pipeline-bench", SparkSettings(master="local[2]", shuffle_partitions=2)
-            )
+            spark = build_spark_session("pipeline-bench", SparkSettings(master="local[2]"))
             tracking = register_model(spark, root)
             if args.warmup:
                 # The first job of a session pays for JIT compilation and class loading (a cold

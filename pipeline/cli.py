@@ -96,12 +96,14 @@ def run(
         # is counted batch by batch. The first batches go by before this is set; they are
         # slow anyway (state loads, code compiles), and none alone makes the warning.
         pipeline.listener.on_progress = warn_if_behind
-        if starting := pipeline.wait_until_running():
+        starting = pipeline.wait_until_running(stop)
+        if starting and not stop.is_set():
             log.warning("still in their first micro-batch after %.0f s: %s",
                         job.FIRST_TRIGGER_WAIT_S, ", ".join(starting))  # fmt: skip
-        log.info("pipeline running; Ctrl-C stops it cleanly")
-        if ready_file is not None:
-            ready_file.write_text("running\n")
+        if not stop.is_set():
+            log.info("pipeline running; Ctrl-C stops it cleanly")
+            if ready_file is not None:
+                ready_file.write_text("running\n")
 
         def on_status(line: str) -> None:
             if not no_progress:

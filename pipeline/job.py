@@ -379,22 +379,25 @@ class Pipeline:
                                interval=s.silence_trigger_interval,
                                output_mode="update")  # fmt: skip
 
-    def wait_until_running(self, timeout_s: float = FIRST_TRIGGER_WAIT_S) -> list[str]:
-        """Wait, at most ``timeout_s``, until each micro-batch query has ended its first trigger
-        (a first batch, or nothing to read) and waits for the next one. A query's first batch
-        plans its stages, compiles their code and starts its Python workers, several seconds
-        on a small machine, with every query's first batch at once: a message sent before they
-        end waits for them. The fast path is not waited for (its Real-time Mode batch lasts a
-        checkpoint interval), nor a query that has stopped (``failures`` reports it). Returns
-        the names of the queries still in their first trigger."""
+    def wait_until_running(
+        self, stop: threading.Event | None = None, timeout_s: float = FIRST_TRIGGER_WAIT_S
+    ) -> list[str]:
+        """Wait (at most ``timeout_s``, and no longer once ``stop`` is set) until each
+        micro-batch query has ended its first trigger (a first batch, or nothing to read) and
+        waits for the next one. A query's first batch plans its stages, compiles their code and
+        starts its Python workers, several seconds on a small machine, with every query's first
+        batch at once: a message sent before they end waits for them. The fast path is not
+        waited for (its Real-time Mode batch lasts a checkpoint interval), nor a query that has
+        stopped (``failures`` reports it). Returns the names of the queries still in their first
+        trigger."""
         deadline = time.monotonic() + timeout_s
+        pause = stop or threading.Event()
         while True:
             starting = [query.name for query in self.queries
                         if query.name != FAST_PATH and query.isActive
                         and not str(query.status["message"]).startswith("Waiting")]  # fmt: skip
-            if not starting or time.monotonic() >= deadline:
+            if not starting or time.monotonic() >= deadline or pause.wait(0.2):
                 return starting
-            time.sleep(0.2)
 
     def flush_metrics(self) -> None:
         self.listener.flush(self.spark)

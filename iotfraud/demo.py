@@ -530,8 +530,9 @@ def verbose(args: DemoOptions) -> list[str]:
 def wait_until_ready(
     ready: Path, children: Children, stop: threading.Event, timeout_s: float = 600.0
 ) -> bool:
-    """Wait until the pipeline has created ``ready`` (every query started, the model loaded);
-    False, said on the terminal, when it failed, a stop was asked for or it took ``timeout_s``."""
+    """Wait until the pipeline has created ``ready`` (the model loaded, every query past its
+    first micro-batch); False, said on the terminal, when it failed, a stop was asked for or it
+    took ``timeout_s``."""
     print("starting the pipeline (Spark, its queries, the model)", flush=True)
     started = time.monotonic()
     while not ready.exists():

@@ -97,10 +97,10 @@ def run(
         # slow anyway (state loads, code compiles), and none alone makes the warning.
         pipeline.listener.on_progress = warn_if_behind
         starting = pipeline.wait_until_running(stop)
-        if starting and not stop.is_set():
-            log.warning("still in their first micro-batch after %.0f s: %s",
-                        job.FIRST_TRIGGER_WAIT_S, ", ".join(starting))  # fmt: skip
         if not stop.is_set():
+            if starting:
+                log.warning("still in their first micro-batch after %.0f s: %s",
+                            job.FIRST_TRIGGER_WAIT_S, ", ".join(starting))  # fmt: skip
             log.info("pipeline running; Ctrl-C stops it cleanly")
             if ready_file is not None:
                 ready_file.write_text("running\n")

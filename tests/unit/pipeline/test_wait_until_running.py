@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline import job
@@ -23,13 +23,13 @@ class Query:
     name: str
     message: str = FIRST_TRIGGER
     isActive: bool = True  # noqa: N815 (StreamingQuery's name)
-    status: dict[str, Any] = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.status = {"message": self.message, "isTriggerActive": True}
+    @property
+    def status(self) -> dict[str, Any]:
+        return {"message": self.message}
 
     def ends_first_trigger(self, message: str = "Waiting for next trigger") -> None:
-        self.status = {"message": message, "isTriggerActive": False}
+        self.message = message
 
 
 def pipeline_of(*queries: Query) -> job.Pipeline:

@@ -110,6 +110,10 @@ DRAIN_WAIT_S = 60.0
 FIRST_TRIGGER_WAIT_S = 180.0
 
 
+def _past_first_trigger(query: StreamingQuery) -> bool:
+    return query.lastProgress is not None or str(query.status["message"]).startswith("Waiting")
+
+
 def check_locations(settings: PipelineSettings) -> None:
     """Fail at start when the lake, checkpoint or landing folder cannot be used."""
     for what, location in (("lake", settings.lake_root), ("checkpoint", settings.checkpoint_root)):
@@ -383,19 +387,20 @@ class Pipeline:
         self, stop: threading.Event | None = None, timeout_s: float = FIRST_TRIGGER_WAIT_S
     ) -> list[str]:
         """Wait (at most ``timeout_s``, and no longer once ``stop`` is set) until each
-        micro-batch query has ended its first trigger (a first batch, or nothing to read) and
-        waits for the next one. A query's first batch plans its stages, compiles their code and
-        starts its Python workers, several seconds on a small machine, with every query's first
-        batch at once: a message sent before they end waits for them. The fast path is not
-        waited for (its Real-time Mode batch lasts a checkpoint interval), nor a query that has
-        stopped (``failures`` reports it). Returns the names of the queries still in their first
-        trigger."""
+        micro-batch query has ended its first trigger: it has reported a batch's progress, or
+        it waits for data or for its next trigger. A query's first batch plans its stages,
+        compiles their code and starts its Python workers, several seconds on a small machine,
+        with every query's first batch at once: a message sent before they end waits for them.
+        Under load a query starts its next batch as soon as one ends, and never waits: its
+        progress tells that it has run. The fast path is not waited for (its Real-time Mode
+        batch lasts a checkpoint interval), nor a query that has stopped (``failures`` reports
+        it). Returns the names of the queries still in their first trigger."""
         deadline = time.monotonic() + timeout_s
         pause = stop or threading.Event()
         while True:
             starting = [query.name for query in self.queries
                         if query.name != FAST_PATH and query.isActive
-                        and not str(query.status["message"]).startswith("Waiting")]  # fmt: skip
+                        and not _past_first_trigger(query)]  # fmt: skip
             if not starting or time.monotonic() >= deadline or pause.wait(0.2):
                 return starting
 

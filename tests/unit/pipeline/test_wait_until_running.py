@@ -23,6 +23,7 @@ class Query:
     name: str
     message: str = FIRST_TRIGGER
     isActive: bool = True  # noqa: N815 (StreamingQuery's name)
+    lastProgress: dict[str, Any] | None = None  # noqa: N815 (StreamingQuery's name)
 
     @property
     def status(self) -> dict[str, Any]:
@@ -48,6 +49,16 @@ def test_it_returns_once_every_query_has_ended_its_first_trigger() -> None:
     started = time.monotonic()
     assert pipeline_of(ingest, detection).wait_until_running(timeout_s=30) == []
     assert 0.6 <= time.monotonic() - started < 5
+
+
+def test_a_query_that_runs_batch_after_batch_has_ended_its_first_trigger() -> None:
+    # Under load the next batch starts as soon as one ends: the status never says "Waiting",
+    # and the batch's progress is what tells that the first trigger has ended.
+    busy = Query(job.DETECTION)
+    later(0.3, lambda: setattr(busy, "lastProgress", {"batchId": 0}))
+    started = time.monotonic()
+    assert pipeline_of(busy).wait_until_running(timeout_s=30) == []
+    assert 0.3 <= time.monotonic() - started < 5
 
 
 def test_the_fast_path_and_a_stopped_query_are_not_waited_for() -> None:

@@ -149,6 +149,22 @@ def detection_summary(lake_root: str) -> str:
         return f"  (no evaluation: {exc})"
 
 
+def unscored_injections(lake_root: str) -> str | None:
+    """The injections the detection table leaves out (scenarios that test robustness: their
+    messages are quarantined or late, ``infra.contract.FRAUD_SCENARIOS``), so that its count and
+    the simulator's add up; None when there are none."""
+    found = lake.open_table(lake_root, lake.GROUND_TRUTH)
+    if found is None:
+        return None
+    scenarios = Counter(found.to_pyarrow_table(columns=["scenario"]).column(0).to_pylist())
+    left_out = sorted((s, n) for s, n in scenarios.items() if s not in c.FRAUD_SCENARIOS)
+    if not left_out:
+        return None
+    listed = ", ".join(f"{scenario} {n:,}" for scenario, n in left_out)
+    return (f"not in the table (they test robustness, not detection): {listed}; "
+            f"{sum(scenarios.values()):,} injections in all")  # fmt: skip
+
+
 def batch_offsets(lake_root: str, query: str = "detection") -> Any:
     """The Kafka offsets each micro-batch of ``query`` read, from ``pipeline_metrics``: columns
     batch_id, kafka_topic, kafka_partition, start, end (offsets ``start`` to ``end - 1``). A
@@ -334,6 +350,7 @@ def summary(
     latency_line = f"alert latency (Kafka -> alert committed): {latency or 'n/a (no alerts)'}"
     by_type = alerts_by_type(lake_root)
     statuses = Counter(r["status"] for r in table_rows(lake_root, lake.ALERTS, ["status"]))
+    unscored = unscored_injections(lake_root)
     return "\n".join([
         *([] if produced is None else [f"produced to Kafka: {produced:,} messages"]),
         "summary: " + progress_line(lake_root),
@@ -343,6 +360,7 @@ def summary(
         "detection against ground truth (an injection is detected when an alert of its type "
         "overlaps it on its device):",
         detection_summary(lake_root),
+        *([] if unscored is None else [unscored]),
         latency_line,
     ])  # fmt: skip
 

@@ -12,7 +12,13 @@ import pytest
 from deltalake import write_deltalake
 
 from infra import lake
-from iotfraud.demo import alert_latency, batch_offsets, progress_line, row_count
+from iotfraud.demo import (
+    alert_latency,
+    batch_offsets,
+    progress_line,
+    row_count,
+    unscored_injections,
+)
 
 
 def test_progress_counts_rows_of_every_commit_and_alerts_by_type(tmp_path: Path) -> None:
@@ -30,6 +36,22 @@ def test_progress_counts_rows_of_every_commit_and_alerts_by_type(tmp_path: Path)
     assert row_count(root, lake.TELEMETRY) == 2500
     assert progress_line(root) == (
         "telemetry 2,500 | quarantine 7 | alerts 4 (flood 3, rogue_device 1)"
+    )
+
+
+def test_the_injections_left_out_of_the_detection_table_are_named(tmp_path: Path) -> None:
+    """The simulator counts every injection; the table scores the fraud scenarios only. The
+    demo names the others, so that the two counts add up."""
+    root = str(tmp_path)
+    assert unscored_injections(root) is None  # nothing injected yet
+    truth = lake.table_path(root, lake.GROUND_TRUTH)
+    write_deltalake(truth, pa.table({"scenario": ["spike", "replay"]}))
+    assert unscored_injections(root) is None
+    scenarios = ["malformed", "clock_skew", "malformed", "silence"]
+    write_deltalake(truth, pa.table({"scenario": scenarios}), mode="append")
+    assert unscored_injections(root) == (
+        "not in the table (they test robustness, not detection): clock_skew 1, malformed 2; "
+        "6 injections in all"
     )
 
 

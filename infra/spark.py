@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,18 +30,21 @@ ALERTS_POOL = "alerts"
 CODEGEN_CACHE_ENTRIES = 1000
 # HotSpot's HugeMethodLimit: the largest method (bytes of bytecode) its JIT compiles.
 HOTSPOT_HUGE_METHOD_LIMIT = 8000
-# A local session's JVM is the whole cluster: driver and executor in one heap (2 GB by
-# default, IOT_SPARK_DRIVER_MEMORY), which G1 cuts into 1 MB regions. G1 allocates an array of
-# half a region or more as "humongous": in the old generation, where only a marking cycle or a
-# collection's end frees it, and each such allocation can start a cycle. Spark allocates many
-# arrays of 1 MB and more whose life is one batch: a 1 MB chunk per task result, 4 MB blocks per
-# broadcast (each stage's tasks, each registry join), and one page of Spark's memory per hash
-# map, sort or broadcast relation. The running pipeline allocated about 2 GB of them a minute,
-# and G1 ran a marking cycle every five seconds (docs/PERFORMANCE.md). With 16 MB regions the
-# chunks and blocks are young objects like any other. Set through
-# spark.driver.defaultJavaOptions, it replaces any given to PySpark (PYSPARK_SUBMIT_ARGS);
-# JAVA_TOOL_OPTIONS still reaches the JVM.
-G1_REGION_SIZE = "16m"
+# A local session's JVM is the whole cluster: the driver and its tasks in one heap (2 GB by
+# default, IOT_SPARK_DRIVER_MEMORY), on the cores the queries need. Its objects live for a batch
+# or for the session, and its queries wait seconds for a batch anyway: the CPU a collector takes
+# matters more than its pauses. G1 (the JVM's default) took a tenth of the pipeline's CPU at
+# 5,000 events/s, with a concurrent marking cycle every five seconds and barriers on every
+# write; the parallel collector takes none between its collections, and its full collections
+# stop the queries for about half a second every 20-50 s there (docs/PERFORMANCE.md, session
+# 66). Spark's megabyte arrays (a 1 MB chunk per task result, 4 MB blocks per broadcast) are
+# young objects to it like any other (G1 put them in its old generation). A collector chosen in
+# the JVM's environment is kept: the JVM refuses to start with two.
+COLLECTOR = "-XX:+UseParallelGC"
+# HotSpot's collectors (-XX:+Use<name>), and the variables every JVM reads its options from.
+COLLECTORS = ("SerialGC", "ParallelGC", "G1GC", "ZGC", "ShenandoahGC", "EpsilonGC")
+JVM_ENVIRONMENT = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
+_CHOOSES_COLLECTOR = re.compile(r"-XX:\+Use(?:{})\b".format("|".join(COLLECTORS)))
 # When HotSpot compiles a method with its optimizing compiler (C2): after 5,000 calls or 40,000
 # loop turns by default. A micro-batch calls thousands of methods of Spark's and Delta's
 # planning and commits a few times each, so every few batches more of them cross the line, and
@@ -58,6 +62,15 @@ C2_THRESHOLDS = (
 # A task can hold 8,192 pages: 2 GB of Spark's memory per task at this size; a row larger than a
 # page gets a page of its own size.
 PAGE_SIZE = "256k"
+
+
+def local_java_options(environ: Mapping[str, str]) -> str:
+    """The options of a local session's JVM (set through spark.driver.defaultJavaOptions, they
+    replace any given to PySpark in PYSPARK_SUBMIT_ARGS): the compiler's thresholds, and
+    COLLECTOR unless ``environ`` chooses one for every JVM."""
+    if any(_CHOOSES_COLLECTOR.search(environ.get(name, "")) for name in JVM_ENVIRONMENT):
+        return C2_THRESHOLDS
+    return f"{COLLECTOR} {C2_THRESHOLDS}"
 
 
 def default_shuffle_partitions() -> int:
@@ -113,9 +126,7 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
     }
     if settings.master.startswith("local"):
         conf["spark.driver.memory"] = settings.driver_memory
-        conf["spark.driver.defaultJavaOptions"] = (
-            f"-XX:G1HeapRegionSize={G1_REGION_SIZE} {C2_THRESHOLDS}"
-        )
+        conf["spark.driver.defaultJavaOptions"] = local_java_options(os.environ)
         conf["spark.buffer.pageSize"] = PAGE_SIZE
     if jars:
         conf["spark.jars"] = ",".join(str(p) for p in jars)

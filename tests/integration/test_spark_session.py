@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -14,6 +17,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from infra import contract as c
+from infra.java import java_executable
+from infra.spark import COLLECTORS, JVM_ENVIRONMENT, local_java_options
 from pipeline.alerts import alert_frame, as_written, merge_alerts
 from pipeline.firmware import parse_firmware_updates
 from pipeline.job import session_conf
@@ -198,24 +203,31 @@ def test_a_broadcast_registry_holds_the_memory_its_rows_need(spark: SparkSession
     )
 
 
-def test_a_local_session_s_jvm_takes_a_batch_s_megabyte_arrays_as_young_objects(
-    spark: SparkSession,
+@pytest.mark.parametrize(
+    ("environment", "collector"),
+    [({}, "UseParallelGC"), ({"JAVA_TOOL_OPTIONS": "-XX:+UseSerialGC"}, "UseSerialGC")],
+)
+def test_a_local_session_s_jvm_collects_with_the_parallel_collector_unless_told_otherwise(
+    environment: dict[str, str], collector: str
 ) -> None:
-    """A local session's JVM runs the driver and the tasks in one heap, 2 GB by default, which
-    G1 cut into 1 MB regions. G1 allocates an array of half a region or more outside its young
-    generation, and Spark allocates such arrays all the time, for one batch each: 1 MB per task
-    result, 4 MB per broadcast block. The running pipeline allocated about 2 GB of them a
-    minute and G1 ran a marking cycle every five seconds (docs/PERFORMANCE.md).
+    """A local session's JVM runs the driver and the tasks on the cores the queries need: the
+    parallel collector takes no CPU between its collections, where G1 took a tenth of the
+    pipeline's (docs/PERFORMANCE.md, session 66). A collector its environment chooses is kept:
+    a JVM given two does not start ("Multiple garbage collectors selected").
 
-    Here: the session's JVM (which PySpark started with the session's options) runs with
-    regions large enough for a 4 MB block to be an ordinary young object (under half a
-    region)."""
-    region = vm_option(spark, "G1HeapRegionSize")
-    block = 4 * 1024 * 1024 + 16  # a 4 MB broadcast block and its array header
-    assert block < region / 2, (
-        f"G1 regions of {region:,} bytes: a broadcast block of 4 MB is allocated outside the "
-        "young generation (spark.driver.defaultJavaOptions did not reach the JVM?)"
-    )
+    Here: a JVM started with a local session's options (``infra.spark.local_java_options``),
+    with and without a collector in JAVA_TOOL_OPTIONS."""
+    env = {key: value for key, value in os.environ.items() if key not in JVM_ENVIRONMENT}
+    env.update(environment)
+    options = local_java_options(env).split()
+    run = subprocess.run(
+        [java_executable(), *options, "-XX:+PrintFlagsFinal", "-version"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, f"the JVM did not start with {options}: {run.stderr}"
+    flags = dict(re.findall(r"^\s*bool (\w+)\s+= (true|false)", run.stdout, re.MULTILINE))
+    chosen = [f"Use{name}" for name in COLLECTORS if flags.get(f"Use{name}") == "true"]
+    assert chosen == [collector]
 
 
 def test_a_local_session_s_jvm_leaves_code_run_a_few_times_a_batch_to_the_quick_compiler(

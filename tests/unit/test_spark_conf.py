@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.settings import SparkSettings
-from infra.spark import spark_conf
+from infra.spark import C2_THRESHOLDS, COLLECTOR, JVM_ENVIRONMENT, spark_conf
 
 
 @pytest.mark.parametrize(("cores", "partitions"), [(1, "1"), (2, "1"), (3, "1"), (8, "4")])
@@ -23,3 +23,40 @@ def test_shuffle_partitions_set_are_kept(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     conf = spark_conf(SparkSettings(master="local[*]", shuffle_partitions=3), [])
     assert conf["spark.sql.shuffle.partitions"] == "3"
+
+
+@pytest.mark.parametrize(
+    ("variable", "options"),
+    [("JAVA_TOOL_OPTIONS", "-XX:+UseSerialGC"), ("JDK_JAVA_OPTIONS", "-Xss4m -XX:+UseZGC"),
+     ("_JAVA_OPTIONS", "-XX:+UseG1GC -XX:G1HeapRegionSize=32m")],
+)  # fmt: skip
+def test_a_collector_chosen_for_every_jvm_is_kept(
+    monkeypatch: pytest.MonkeyPatch, variable: str, options: str
+) -> None:
+    """The JVM refuses to start with two collectors: a local session adds none of its own when
+    the environment chooses one (its compiler thresholds still apply)."""
+    for name in JVM_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, options)
+    java_options = spark_conf(SparkSettings(master="local[2]"), [])[
+        "spark.driver.defaultJavaOptions"
+    ]
+    assert java_options == C2_THRESHOLDS
+
+
+def test_a_local_session_collects_with_the_parallel_collector(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in JVM_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    # An option that only mentions collection does not choose a collector.
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-XX:+UseMaximumCompactionOnSystemGC")
+    java_options = spark_conf(SparkSettings(master="local[2]"), [])[
+        "spark.driver.defaultJavaOptions"
+    ]
+    assert java_options.split() == [COLLECTOR, *C2_THRESHOLDS.split()]
+
+
+def test_a_cluster_s_executors_keep_their_own_jvm_options() -> None:
+    conf = spark_conf(SparkSettings(master="spark://spark-master:7077"), [])
+    assert "spark.driver.defaultJavaOptions" not in conf

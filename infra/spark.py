@@ -33,13 +33,13 @@ HOTSPOT_HUGE_METHOD_LIMIT = 8000
 # A local session's JVM is the whole cluster: the driver and its tasks in one heap (2 GB by
 # default, IOT_SPARK_DRIVER_MEMORY), on the cores the queries need. Its objects live for a batch
 # or for the session, and its queries wait seconds for a batch anyway: the CPU a collector takes
-# matters more than its pauses. G1 (the JVM's default) took a tenth of the pipeline's CPU at
-# 5,000 events/s, with a concurrent marking cycle every five seconds and barriers on every
-# write; the parallel collector takes none between its collections, and its full collections
-# stop the queries for about half a second every 20-50 s there (docs/PERFORMANCE.md, session
-# 66). Spark's megabyte arrays (a 1 MB chunk per task result, 4 MB blocks per broadcast) are
-# young objects to it like any other (G1 put them in its old generation). A collector chosen in
-# the JVM's environment is kept: the JVM refuses to start with two.
+# matters more than its pauses. In the running pipeline G1 (the JVM's default) ran a concurrent
+# marking cycle every 5-7 s, as batch-long objects kept its old generation full, and its marking
+# threads and write barriers took CPU from the queries. The parallel collector takes none
+# between its collections; its full collections stop the queries for half a second or so, a few
+# times a minute under load (docs/PERFORMANCE.md, session 66). Spark's megabyte arrays (a 1 MB
+# chunk per task result, 4 MB blocks per broadcast) are young objects to it like any other. A
+# collector chosen in the JVM's environment is kept: the JVM refuses to start with two.
 COLLECTOR = "-XX:+UseParallelGC"
 # HotSpot's collectors (-XX:+Use<name>), and the variables every JVM reads its options from.
 COLLECTORS = ("SerialGC", "ParallelGC", "G1GC", "ZGC", "ShenandoahGC", "EpsilonGC")

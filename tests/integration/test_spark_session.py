@@ -211,9 +211,9 @@ def test_a_local_session_s_jvm_collects_with_the_parallel_collector_unless_told_
     environment: dict[str, str], collector: str
 ) -> None:
     """A local session's JVM runs the driver and the tasks on the cores the queries need: the
-    parallel collector takes no CPU between its collections, where G1 took a tenth of the
-    pipeline's (docs/PERFORMANCE.md, session 66). A collector its environment chooses is kept:
-    a JVM given two does not start ("Multiple garbage collectors selected").
+    parallel collector takes no CPU between its collections, where G1 ran a marking cycle every
+    5-7 s in the running pipeline (docs/PERFORMANCE.md, session 66). A collector its environment
+    chooses is kept: a JVM given two does not start ("Multiple garbage collectors selected").
 
     Here: a JVM started with a local session's options (``infra.spark.local_java_options``),
     with and without a collector in JAVA_TOOL_OPTIONS."""

@@ -34,16 +34,21 @@ HOTSPOT_HUGE_METHOD_LIMIT = 8000
 # default, IOT_SPARK_DRIVER_MEMORY), on the cores the queries need. Its objects live for a batch
 # or for the session, and its queries wait seconds for a batch anyway: the CPU a collector takes
 # matters more than its pauses. In the running pipeline G1 (the JVM's default) ran a concurrent
-# marking cycle every 5-7 s, as batch-long objects kept its old generation full, and its marking
-# threads and write barriers took CPU from the queries. The parallel collector takes none
-# between its collections; its full collections stop the queries for half a second or so, a few
-# times a minute under load (docs/PERFORMANCE.md, session 66). Spark's megabyte arrays (a 1 MB
-# chunk per task result, 4 MB blocks per broadcast) are young objects to it like any other. A
-# collector chosen in the JVM's environment is kept: the JVM refuses to start with two.
+# marking cycle every 5-7 s, as batch-long objects kept its old generation past its threshold,
+# and its marking threads and write barriers took CPU from the queries. The parallel collector
+# takes none between its collections; its full collections stop the queries for half a second
+# or so, a few times a minute under load (docs/PERFORMANCE.md, session 66). A collector chosen
+# for the driver elsewhere is kept: the JVM refuses to start with two.
 COLLECTOR = "-XX:+UseParallelGC"
-# HotSpot's collectors (-XX:+Use<name>), and the variables every JVM reads its options from.
+# HotSpot's collectors (-XX:+Use<name>), and the environment variables whose options reach a
+# local session's JVM besides the session's own: the JVM's and the java launcher's, and Spark's
+# (PySpark's spark-submit arguments, --driver-java-options among them, and SPARK_SUBMIT_OPTS).
+# Not seen: spark.driver.extraJavaOptions in a spark-defaults.conf (README, Sizing).
 COLLECTORS = ("SerialGC", "ParallelGC", "G1GC", "ZGC", "ShenandoahGC", "EpsilonGC")
-JVM_ENVIRONMENT = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
+JVM_ENVIRONMENT = (
+    "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "SPARK_SUBMIT_OPTS",
+    "PYSPARK_SUBMIT_ARGS",
+)  # fmt: skip
 _CHOOSES_COLLECTOR = re.compile(r"-XX:\+Use(?:{})\b".format("|".join(COLLECTORS)))
 # When HotSpot compiles a method with its optimizing compiler (C2): after 5,000 calls or 40,000
 # loop turns by default. A micro-batch calls thousands of methods of Spark's and Delta's
@@ -65,9 +70,9 @@ PAGE_SIZE = "256k"
 
 
 def local_java_options(environ: Mapping[str, str]) -> str:
-    """The options of a local session's JVM (set through spark.driver.defaultJavaOptions, they
-    replace any given to PySpark in PYSPARK_SUBMIT_ARGS): the compiler's thresholds, and
-    COLLECTOR unless ``environ`` chooses one for every JVM."""
+    """The options a local session gives its JVM (spark.driver.defaultJavaOptions; Spark adds
+    those given elsewhere after them): the compiler's thresholds, and COLLECTOR unless an
+    option in ``environ`` (JVM_ENVIRONMENT) chooses a collector."""
     if any(_CHOOSES_COLLECTOR.search(environ.get(name, "")) for name in JVM_ENVIRONMENT):
         return C2_THRESHOLDS
     return f"{COLLECTOR} {C2_THRESHOLDS}"

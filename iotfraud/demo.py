@@ -150,13 +150,12 @@ def detection_summary(lake_root: str) -> str:
 
 
 def unscored_injections(lake_root: str) -> str | None:
-    """The injections the detection table leaves out (scenarios that test robustness: their
-    messages are quarantined or late, ``infra.contract.FRAUD_SCENARIOS``), so that its count and
-    the simulator's add up; None when there are none."""
-    found = lake.open_table(lake_root, lake.GROUND_TRUTH)
-    if found is None:
-        return None
-    scenarios = Counter(found.to_pyarrow_table(columns=["scenario"]).column(0).to_pylist())
+    """The injections the detection table leaves out (the scenarios that test robustness, not
+    in ``infra.contract.FRAUD_SCENARIOS``), so that its count and the simulator's add up; None
+    when there are none."""
+    scenarios = Counter(
+        r["scenario"] for r in table_rows(lake_root, lake.GROUND_TRUTH, ["scenario"])
+    )
     left_out = sorted((s, n) for s, n in scenarios.items() if s not in c.FRAUD_SCENARIOS)
     if not left_out:
         return None

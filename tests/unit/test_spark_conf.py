@@ -28,7 +28,9 @@ def test_shuffle_partitions_set_are_kept(monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.parametrize(
     ("variable", "options"),
     [("JAVA_TOOL_OPTIONS", "-XX:+UseSerialGC"), ("JDK_JAVA_OPTIONS", "-Xss4m -XX:+UseZGC"),
-     ("_JAVA_OPTIONS", "-XX:+UseG1GC -XX:G1HeapRegionSize=32m")],
+     ("_JAVA_OPTIONS", "-XX:+UseG1GC -XX:G1HeapRegionSize=32m"),
+     ("SPARK_SUBMIT_OPTS", "-XX:+UseSerialGC"),
+     ("PYSPARK_SUBMIT_ARGS", "--driver-java-options '-XX:+UseZGC' pyspark-shell")],
 )  # fmt: skip
 def test_a_collector_chosen_for_every_jvm_is_kept(
     monkeypatch: pytest.MonkeyPatch, variable: str, options: str
@@ -49,8 +51,8 @@ def test_a_local_session_collects_with_the_parallel_collector(
 ) -> None:
     for name in JVM_ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
-    # An option that only mentions collection does not choose a collector.
-    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-XX:+UseMaximumCompactionOnSystemGC")
+    # Options that switch a collector off, or only mention collection, choose none.
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-XX:-UseG1GC -XX:+UseMaximumCompactionOnSystemGC")
     java_options = spark_conf(SparkSettings(master="local[2]"), [])[
         "spark.driver.defaultJavaOptions"
     ]

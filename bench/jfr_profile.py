@@ -7,7 +7,7 @@ Usage: while a pipeline runs (``bench/pipeline_latency.py ...``), record its JVM
     .venv/bin/python bench/jfr_profile.py /tmp/rec.jfr
 
 (Not through ``spark.driver.defaultJavaOptions``: a local session sets that option itself,
-``infra.spark``, and replaces one given in ``PYSPARK_SUBMIT_ARGS``.)
+``infra.spark``.)
 
 Reads the recording with the JDK's ``jfr`` tool and prints:
 

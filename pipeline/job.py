@@ -374,7 +374,8 @@ class Pipeline:
             .load(lake.table_path(s.lake_root, lake.DEVICES))
         )
         partitions = (topic_partitions(s) if s.source == "kafka" else None) or 1
-        records = senders(raw_source(self.spark, s), max_clock_ahead=s.max_clock_ahead)
+        source = raw_source(self.spark, s, interval=s.silence_trigger_interval)
+        records = senders(source, max_clock_ahead=s.max_clock_ahead)
         rows = silence_input(records, self._registry(), registry,
                              lateness=s.silence_watermark, partitions=partitions)  # fmt: skip
         writer = SilenceBatchWriter(lake.table_path(s.lake_root, lake.ALERTS), self.publisher)

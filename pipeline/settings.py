@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
@@ -39,8 +40,9 @@ class PipelineSettings(CommonSettings):
         description="Kafka maxOffsetsPerTrigger: most messages one micro-batch takes, so a "
         "backlog (a restart, an outage) is worked off in several batches instead of one during "
         "which no alert is written; keep it above the event rate times a batch's duration, or "
-        "the pipeline falls behind (5,000 events/s and 20-second batches take 100,000); 0 means "
-        "no limit",
+        "the pipeline falls behind (5,000 events/s and 20-second batches take 100,000); the "
+        "silence query, triggered less often, takes it once per ingest trigger interval in its "
+        "own; 0 means no limit",
     )
     max_files_per_trigger: int = Field(
         default=100, ge=1, description="maxFilesPerTrigger for the files source"
@@ -344,6 +346,20 @@ class PipelineSettings(CommonSettings):
             span_s=seconds(self.profile_span),
             min_windows=self.profile_min_windows,
         )
+
+    def offsets_per_trigger(self, interval: str) -> int:
+        """Kafka maxOffsetsPerTrigger of a query triggered every ``interval`` (0: no bound).
+
+        The setting bounds the batches of the queries that run every few seconds (ingest,
+        detection). A query triggered less often (the silence query, every minute) finds its
+        whole interval's messages waiting at each trigger: it takes the setting once per ingest
+        interval its own holds, so that it keeps up with every rate the ingest keeps up with.
+        With the setting alone it fell behind for good at 5,000 events/s (300,000 messages a
+        minute against 250,000 a batch; docs/PERFORMANCE.md, session 67).
+        """
+        bound = self.max_offsets_per_trigger
+        ratio = seconds(interval) / seconds(self.ingest_trigger_interval)
+        return max(bound, math.ceil(bound * ratio))
 
     def silence_spec(self) -> SilenceSpec:
         """When a device is overdue, and what a late burst is (``pipeline.silence``)."""

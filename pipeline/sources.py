@@ -16,10 +16,13 @@ def kafka_source(
     *,
     bounded: bool = True,
     starting_offsets: str | None = None,
+    interval: str | None = None,
 ) -> DataFrame:
     """The telemetry topic (or ``topic``); every ``kafka.*`` option is passed through (SASL_SSL,
     Event Hubs). ``bounded``: at most ``max_offsets_per_trigger`` per micro-batch (Real-time Mode
-    has no micro-batches to bound). ``starting_offsets``: instead of the setting's."""
+    has no micro-batches to bound), or for a query triggered every ``interval``, what
+    ``PipelineSettings.offsets_per_trigger`` gives. ``starting_offsets``: instead of the
+    setting's."""
     reader = (
         spark.readStream.format("kafka")
         .options(**kafka_connection_options(settings))
@@ -28,8 +31,11 @@ def kafka_source(
         # A topic recreated or truncated under a checkpoint must not stop the pipeline silently.
         .option("failOnDataLoss", "false")
     )
-    if bounded and settings.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
+    bound = settings.max_offsets_per_trigger
+    if interval is not None:
+        bound = settings.offsets_per_trigger(interval)
+    if bounded and bound:
+        reader = reader.option("maxOffsetsPerTrigger", bound)
     return kafka_records(reader.load())
 
 
@@ -82,7 +88,10 @@ def file_records(lines: DataFrame) -> DataFrame:
     )
 
 
-def raw_source(spark: SparkSession, settings: PipelineSettings) -> DataFrame:
+def raw_source(
+    spark: SparkSession, settings: PipelineSettings, interval: str | None = None
+) -> DataFrame:
+    """The configured source; ``interval``: the query's trigger interval (``kafka_source``)."""
     if settings.source == "kafka":
-        return kafka_source(spark, settings)
+        return kafka_source(spark, settings, interval=interval)
     return files_source(spark, settings)

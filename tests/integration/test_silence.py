@@ -170,6 +170,40 @@ def test_silences_end_on_the_same_alert_and_a_store_and_forward_burst_raises_lat
     assert set(pools) == {"default"} and pools["default"] > 5, pools
 
 
+def test_the_silence_query_takes_every_message_its_interval_brings_in_one_batch(
+    spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str, tmp_path: Path
+) -> None:
+    # Triggered every 10 s against the ingest's 1 s, it may take ten of the ingest's bounds of
+    # 40 a batch. With the ingest's bound it read 40 of the 300 messages waiting at each trigger
+    # and fell behind for good: at 5,000 events/s, 300,000 a minute against 250,000 a batch.
+    topic = make_topic(partitions=1)
+    write_registry(lake, ["meter"])
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
+    readings = (make_event("meter", i, start + timedelta(seconds=i)) for i in range(300))
+    produce(bootstrap, topic, encoded(readings))
+    settings = settings_for(lake, tmp_path, bootstrap, topic).model_copy(
+        update={"max_offsets_per_trigger": 40, "ingest_trigger_interval": "1 second",
+                "silence_trigger_interval": "10 seconds"}
+    )  # fmt: skip
+    pipeline = job.prepare(spark, settings)
+    query = pipeline.start_silence()
+
+    def from_kafka() -> list[int]:
+        return [source["numInputRows"] for progress in query.recentProgress
+                for source in progress["sources"] if source["description"].startswith("Kafka")
+                and source["numInputRows"]]  # fmt: skip
+
+    try:
+        deadline = time.monotonic() + 120
+        while not from_kafka():
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, query.recentProgress
+            time.sleep(0.5)
+    finally:
+        pipeline.stop()
+    assert from_kafka()[0] == 300
+
+
 def _retire(lake: str, device_id: str) -> None:
     """Mark ``device_id`` retired in the registry, as a registry update does (a MERGE)."""
     from deltalake import DeltaTable

@@ -22,6 +22,21 @@ def test_live_batches_are_bounded_by_default_above_what_5000_events_per_s_need()
     assert 5000 * 20 <= PipelineSettings().max_offsets_per_trigger < 1_000_000
 
 
+def test_a_query_triggered_less_often_than_the_ingest_takes_more_a_batch() -> None:
+    # The silence query runs every minute: 300,000 messages wait at 5,000 events/s, and a bound
+    # of 250,000 a batch left it further behind at every trigger.
+    settings = PipelineSettings()
+    assert settings.offsets_per_trigger(settings.ingest_trigger_interval) == 250_000
+    assert settings.offsets_per_trigger(settings.trigger_interval) == 250_000  # detection: 1 s
+    minute = settings.offsets_per_trigger(settings.silence_trigger_interval)
+    assert minute == 250_000 * 12  # twelve 5-second ingest intervals
+    assert minute / 60 == settings.max_offsets_per_trigger / 5  # the same events/s as the ingest
+    assert minute > 5000 * 60  # a minute at 5,000 events/s
+    slower_ingest = PipelineSettings(ingest_trigger_interval="20 seconds")
+    assert slower_ingest.offsets_per_trigger("1 minute") == 750_000
+    assert PipelineSettings(max_offsets_per_trigger=0).offsets_per_trigger("1 minute") == 0
+
+
 def test_a_webhook_needs_the_alerts_topic_and_an_http_url() -> None:
     with pytest.raises(ConfigError, match="IOT_PIPELINE_WEBHOOK_URL relays the alerts topic"):
         load_settings(PipelineSettings, webhook_url="https://pager.example/hook", alerts_topic="")

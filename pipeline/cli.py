@@ -82,7 +82,8 @@ def run(
         drain.set()
         stop.set()
 
-    behind = FallingBehind(log_file=None if current.log_file is None else str(current.log_file))
+    behind = FallingBehind(log_file=None if current.log_file is None else str(current.log_file),
+                           bounds=job.batch_bounds(settings))  # fmt: skip
     # SIGUSR1: stop once caught up (the demo's stop, after its simulator's).
     signal.signal(signal.SIGUSR1, request_drain)
     with stop_signals(request_stop):  # Ctrl-C, SIGTERM and a closed terminal

@@ -114,6 +114,17 @@ def _past_first_trigger(query: StreamingQuery) -> bool:
     return query.lastProgress is not None or str(query.status["message"]).startswith("Waiting")
 
 
+def batch_bounds(settings: PipelineSettings) -> dict[str, int]:
+    """The most telemetry messages a micro-batch of each query takes (maxOffsetsPerTrigger, 0:
+    none): its source's bound, and what the falling-behind warning names. None for the files
+    source."""
+    if settings.source != "kafka":
+        return {}
+    intervals = {INGEST: settings.ingest_trigger_interval, DETECTION: settings.trigger_interval,
+                 SILENCE: settings.silence_trigger_interval}  # fmt: skip
+    return {name: settings.offsets_per_trigger(every) for name, every in intervals.items()}
+
+
 def check_locations(settings: PipelineSettings) -> None:
     """Fail at start when the lake, checkpoint or landing folder cannot be used."""
     for what, location in (("lake", settings.lake_root), ("checkpoint", settings.checkpoint_root)):
@@ -225,9 +236,12 @@ class Pipeline:
         path = lake.table_path(self.settings.lake_root, name)
         return self.spark.readStream.format("delta").load(path)
 
-    def _parsed(self) -> DataFrame:
-        s = self.settings
-        return parse_events(raw_source(self.spark, s), max_clock_ahead=s.max_clock_ahead)
+    def _source(self, query: str) -> DataFrame:
+        """The telemetry source of ``query``, bounded as ``batch_bounds`` says."""
+        return raw_source(self.spark, self.settings, batch_bounds(self.settings).get(query))
+
+    def _parsed(self, query: str) -> DataFrame:
+        return parse_events(self._source(query), max_clock_ahead=self.settings.max_clock_ahead)
 
     def _feature_input(self) -> DataFrame:
         """Events from the source, each once, plus what the ingest quarantined that counts in
@@ -240,7 +254,7 @@ class Pipeline:
         quiet for hours on a clean fleet, must not hold it back, and a clock ahead must not
         move it.
         """
-        events = first_copies(valid_events(self._parsed()), self.settings.watermark)
+        events = first_copies(valid_events(self._parsed(DETECTION)), self.settings.watermark)
         quarantine = quarantine_feature_events(self._stream(lake.QUARANTINE))
         return feature_events(events, duplicates=False).unionByName(quarantine)
 
@@ -249,7 +263,7 @@ class Pipeline:
         writer = IngestBatchWriter(s.lake_root, s.app_id, s.dedup_horizon,
                                    checkpoint=self.checkpoint(INGEST),
                                    offsets=s.source == "kafka")  # fmt: skip
-        return self._start(self._parsed(), INGEST, writer, interval=s.ingest_trigger_interval)
+        return self._start(self._parsed(INGEST), INGEST, writer, interval=s.ingest_trigger_interval)
 
     def start_detection(self) -> StreamingQuery:
         s = self.settings
@@ -374,8 +388,7 @@ class Pipeline:
             .load(lake.table_path(s.lake_root, lake.DEVICES))
         )
         partitions = (topic_partitions(s) if s.source == "kafka" else None) or 1
-        source = raw_source(self.spark, s, interval=s.silence_trigger_interval)
-        records = senders(source, max_clock_ahead=s.max_clock_ahead)
+        records = senders(self._source(SILENCE), max_clock_ahead=s.max_clock_ahead)
         rows = silence_input(records, self._registry(), registry,
                              lateness=s.silence_watermark, partitions=partitions)  # fmt: skip
         writer = SilenceBatchWriter(lake.table_path(s.lake_root, lake.ALERTS), self.publisher)

@@ -36,12 +36,15 @@ class FallingBehind:
         growth: how much the backlog must have grown over them.
         floor_s: how many seconds of input it must have grown to.
         log_file: where Spark's own lines are, named in the warning.
+        bounds: the most messages a batch of each query takes (maxOffsetsPerTrigger); a query
+            whose batches take that many falls behind by its bound, and the warning says so.
     """
 
     batches: int = 5
     growth: float = 2.0
     floor_s: float = 30.0
     log_file: str | None = None
+    bounds: Mapping[str, int] = field(default_factory=dict)
     _last: dict[str, tuple[int, datetime, Backlog]] = field(default_factory=dict)
     _growing: dict[str, list[float]] = field(default_factory=dict)
     _warned: bool = False
@@ -68,16 +71,25 @@ class FallingBehind:
             and growing[-1] >= self.floor_s
         ):
             self._warned = True
-            return self._message(query, growing, backlog.waiting)
+            bound = self.bounds.get(query, 0)
+            capped = bool(bound) and int(row.get("num_input_rows") or 0) >= bound
+            return self._message(query, growing, backlog.waiting, bound if capped else None)
         return None
 
-    def _message(self, query: str, growing: list[float], waiting: int) -> str:
+    def _message(
+        self, query: str, growing: list[float], waiting: int, capped_at: int | None
+    ) -> str:
         where = f"; Spark's warnings: {self.log_file}" if self.log_file else ""
+        helps = (
+            "more cores (IOT_SPARK_MASTER) or less input help"
+            if capped_at is None
+            else f"its batches take at most {capped_at:,} messages, fewer than arrive while one "
+            "runs: raise IOT_PIPELINE_MAX_OFFSETS_PER_TRIGGER"
+        )
         return (
             f"falling behind: the {query} query's Kafka backlog grew {len(growing) - 1} "
             f"micro-batches in a row, from {growing[0]:.1f} s to {growing[-1]:.1f} s of input "
-            f"({waiting:,} messages), so results come later and later; more cores "
-            f"(IOT_SPARK_MASTER) or less input help{where} (said once)"
+            f"({waiting:,} messages), so results come later and later; {helps}{where} (said once)"
         )
 
 

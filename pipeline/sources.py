@@ -16,13 +16,12 @@ def kafka_source(
     *,
     bounded: bool = True,
     starting_offsets: str | None = None,
-    interval: str | None = None,
+    max_offsets: int | None = None,
 ) -> DataFrame:
     """The telemetry topic (or ``topic``); every ``kafka.*`` option is passed through (SASL_SSL,
     Event Hubs). ``bounded``: at most ``max_offsets_per_trigger`` per micro-batch (Real-time Mode
-    has no micro-batches to bound), or for a query triggered every ``interval``, what
-    ``PipelineSettings.offsets_per_trigger`` gives. ``starting_offsets``: instead of the
-    setting's."""
+    has no micro-batches to bound), or ``max_offsets`` when given (``job.batch_bounds``).
+    ``starting_offsets``: instead of the setting's."""
     reader = (
         spark.readStream.format("kafka")
         .options(**kafka_connection_options(settings))
@@ -31,9 +30,7 @@ def kafka_source(
         # A topic recreated or truncated under a checkpoint must not stop the pipeline silently.
         .option("failOnDataLoss", "false")
     )
-    bound = settings.max_offsets_per_trigger
-    if interval is not None:
-        bound = settings.offsets_per_trigger(interval)
+    bound = settings.max_offsets_per_trigger if max_offsets is None else max_offsets
     if bounded and bound:
         reader = reader.option("maxOffsetsPerTrigger", bound)
     return kafka_records(reader.load())
@@ -89,9 +86,9 @@ def file_records(lines: DataFrame) -> DataFrame:
 
 
 def raw_source(
-    spark: SparkSession, settings: PipelineSettings, interval: str | None = None
+    spark: SparkSession, settings: PipelineSettings, max_offsets: int | None = None
 ) -> DataFrame:
-    """The configured source; ``interval``: the query's trigger interval (``kafka_source``)."""
+    """The configured source; ``max_offsets``: the Kafka bound of the query's batches."""
     if settings.source == "kafka":
-        return kafka_source(spark, settings, interval=interval)
+        return kafka_source(spark, settings, max_offsets=max_offsets)
     return files_source(spark, settings)

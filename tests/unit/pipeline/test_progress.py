@@ -24,9 +24,9 @@ def query(
     at, latest, start = START, 0, 0
     for batch_id in range(60):
         waiting = latest - start
-        yield {"query_name": "ingest", "batch_id": batch_id, "timestamp": at,
-               BACKLOG: Backlog(latest, waiting)}  # fmt: skip
         taken = waiting if most is None else min(waiting, most)
+        yield {"query_name": "ingest", "batch_id": batch_id, "timestamp": at,
+               BACKLOG: Backlog(latest, waiting), "num_input_rows": taken}  # fmt: skip
         seconds = took(taken)
         start += taken
         latest += round(rate(batch_id) * seconds)
@@ -78,6 +78,16 @@ def test_a_backlog_that_grows_beyond_what_a_batch_may_take_is_reported() -> None
     assert {round(falling(2000), 1)} == {round(falling(min(r[BACKLOG].waiting, 2000)), 1)
                                          for r in rows[3:]}  # fmt: skip
     assert warned_at(FallingBehind(), rows) == [12]
+    # Told the bound, the warning names it: more cores would not help.
+    assert said(FallingBehind(bounds={"ingest": 2000}), iter(rows)) == [
+        "falling behind: the ingest query's Kafka backlog grew 11 micro-batches in a row, from "
+        "4.2 s to 31.1 s of input (15,553 messages), so results come later and later; its batches "
+        "take at most 2,000 messages, fewer than arrive while one runs: raise "
+        "IOT_PIPELINE_MAX_OFFSETS_PER_TRIGGER (said once)"
+    ]
+    # A bound its batches do not reach is not the cause.
+    uncapped = said(FallingBehind(bounds={"ingest": 1_000_000}), query(falling))
+    assert len(uncapped) == 1 and "more cores" in uncapped[0] and "at most" not in uncapped[0]
 
 
 def test_a_fleet_that_sends_more_and_more_is_not_falling_behind() -> None:

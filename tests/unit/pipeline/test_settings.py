@@ -37,6 +37,15 @@ def test_a_query_triggered_less_often_than_the_ingest_takes_more_a_batch() -> No
     assert PipelineSettings(max_offsets_per_trigger=0).offsets_per_trigger("1 minute") == 0
 
 
+def test_the_falling_behind_warning_knows_each_query_s_bound() -> None:
+    from pipeline.job import batch_bounds
+
+    assert batch_bounds(PipelineSettings()) == {
+        "ingest": 250_000, "detection": 250_000, "silence": 3_000_000
+    }  # fmt: skip
+    assert batch_bounds(PipelineSettings(source="files")) == {}  # files, not messages
+
+
 def test_a_webhook_needs_the_alerts_topic_and_an_http_url() -> None:
     with pytest.raises(ConfigError, match="IOT_PIPELINE_WEBHOOK_URL relays the alerts topic"):
         load_settings(PipelineSettings, webhook_url="https://pager.example/hook", alerts_topic="")

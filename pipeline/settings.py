@@ -358,7 +358,8 @@ class PipelineSettings(CommonSettings):
         minute against 250,000 a batch; docs/PERFORMANCE.md, session 67).
         """
         bound = self.max_offsets_per_trigger
-        ratio = seconds(interval) / seconds(self.ingest_trigger_interval)
+        # "0 seconds": an ingest that runs batch after batch; counted as one a second.
+        ratio = seconds(interval) / max(1, seconds(self.ingest_trigger_interval))
         return max(bound, math.ceil(bound * ratio))
 
     def silence_spec(self) -> SilenceSpec:

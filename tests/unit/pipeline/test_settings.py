@@ -35,6 +35,8 @@ def test_a_query_triggered_less_often_than_the_ingest_takes_more_a_batch() -> No
     slower_ingest = PipelineSettings(ingest_trigger_interval="20 seconds")
     assert slower_ingest.offsets_per_trigger("1 minute") == 750_000
     assert PipelineSettings(max_offsets_per_trigger=0).offsets_per_trigger("1 minute") == 0
+    back_to_back = PipelineSettings(ingest_trigger_interval="0 seconds")
+    assert back_to_back.offsets_per_trigger("1 minute") == 250_000 * 60
 
 
 def test_the_falling_behind_warning_knows_each_query_s_bound() -> None:

@@ -116,8 +116,8 @@ def _past_first_trigger(query: StreamingQuery) -> bool:
 
 def batch_bounds(settings: PipelineSettings) -> dict[str, int]:
     """The most telemetry messages a micro-batch of each query takes (maxOffsetsPerTrigger, 0:
-    none): its source's bound, and what the falling-behind warning names. None for the files
-    source."""
+    none): its source's bound, and what the falling-behind warning names. Empty for the files
+    source, whose batches are bounded in files."""
     if settings.source != "kafka":
         return {}
     intervals = {INGEST: settings.ingest_trigger_interval, DETECTION: settings.trigger_interval,

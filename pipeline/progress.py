@@ -36,8 +36,8 @@ class FallingBehind:
         growth: how much the backlog must have grown over them.
         floor_s: how many seconds of input it must have grown to.
         log_file: where Spark's own lines are, named in the warning.
-        bounds: the most messages a batch of each query takes (maxOffsetsPerTrigger); a query
-            whose batches take that many falls behind by its bound, and the warning says so.
+        bounds: the most messages a batch of each query takes (maxOffsetsPerTrigger); when more
+            than that were waiting, the warning names the bound.
     """
 
     batches: int = 5
@@ -72,7 +72,10 @@ class FallingBehind:
         ):
             self._warned = True
             bound = self.bounds.get(query, 0)
-            capped = bool(bound) and int(row.get("num_input_rows") or 0) >= bound
+            # More waiting than a batch may take: the bound, not the cores, sets the pace. (Not
+            # the batch's rows: Spark rounds each partition's share of the bound down, and other
+            # sources add theirs.)
+            capped = bool(bound) and backlog.waiting > bound
             return self._message(query, growing, backlog.waiting, bound if capped else None)
         return None
 

@@ -40,9 +40,9 @@ class PipelineSettings(CommonSettings):
         description="Kafka maxOffsetsPerTrigger: most messages one micro-batch takes, so a "
         "backlog (a restart, an outage) is worked off in several batches instead of one during "
         "which no alert is written; keep it above the event rate times a batch's duration, or "
-        "the pipeline falls behind (5,000 events/s and 20-second batches take 100,000); the "
-        "silence query, triggered less often, takes it once per ingest trigger interval in its "
-        "own; 0 means no limit",
+        "the pipeline falls behind (5,000 events/s and 20-second batches take 100,000); a "
+        "query triggered less often than the ingest (the silence query) takes it once per "
+        "ingest trigger interval in its own; 0 means no limit",
     )
     max_files_per_trigger: int = Field(
         default=100, ge=1, description="maxFilesPerTrigger for the files source"

@@ -24,9 +24,9 @@ def query(
     at, latest, start = START, 0, 0
     for batch_id in range(60):
         waiting = latest - start
-        taken = waiting if most is None else min(waiting, most)
         yield {"query_name": "ingest", "batch_id": batch_id, "timestamp": at,
-               BACKLOG: Backlog(latest, waiting), "num_input_rows": taken}  # fmt: skip
+               BACKLOG: Backlog(latest, waiting)}  # fmt: skip
+        taken = waiting if most is None else min(waiting, most)
         seconds = took(taken)
         start += taken
         latest += round(rate(batch_id) * seconds)

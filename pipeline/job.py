@@ -334,7 +334,7 @@ class Pipeline:
                 raise ConfigError(short)
             log.warning("%s (counted at start)", short)
         events = events_and_flagged(
-            parse_events(kafka_source(self.spark, s, bounded=False),
+            parse_events(kafka_source(self.spark, s, max_offsets=0),
                          max_clock_ahead=s.max_clock_ahead)
         )  # fmt: skip
         alerts = fast_alerts(events, self._registry(),

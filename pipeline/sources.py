@@ -14,14 +14,13 @@ def kafka_source(
     settings: PipelineSettings,
     topic: str | None = None,
     *,
-    bounded: bool = True,
     starting_offsets: str | None = None,
     max_offsets: int | None = None,
 ) -> DataFrame:
     """The telemetry topic (or ``topic``); every ``kafka.*`` option is passed through (SASL_SSL,
-    Event Hubs). ``bounded``: at most ``max_offsets_per_trigger`` per micro-batch (Real-time Mode
-    has no micro-batches to bound), or ``max_offsets`` when given (``job.batch_bounds``).
-    ``starting_offsets``: instead of the setting's."""
+    Event Hubs). At most ``max_offsets`` messages a micro-batch (``job.batch_bounds``; 0: no
+    bound, as Real-time Mode has no micro-batches to bound), ``max_offsets_per_trigger`` when not
+    given. ``starting_offsets``: instead of the setting's."""
     reader = (
         spark.readStream.format("kafka")
         .options(**kafka_connection_options(settings))
@@ -31,7 +30,7 @@ def kafka_source(
         .option("failOnDataLoss", "false")
     )
     bound = settings.max_offsets_per_trigger if max_offsets is None else max_offsets
-    if bounded and bound:
+    if bound:
         reader = reader.option("maxOffsetsPerTrigger", bound)
     return kafka_records(reader.load())
 

@@ -114,15 +114,30 @@ def _past_first_trigger(query: StreamingQuery) -> bool:
     return query.lastProgress is not None or str(query.status["message"]).startswith("Waiting")
 
 
+def trigger_interval(settings: PipelineSettings, query: str) -> str:
+    """The processingTime interval micro-batch query ``query`` runs on (the fast path's
+    Real-time Mode is not one: ``fast_path_checkpoint_interval``)."""
+    intervals = {
+        INGEST: settings.ingest_trigger_interval,
+        DETECTION: settings.trigger_interval,
+        SILENCE: settings.silence_trigger_interval,
+        FIRMWARE_INGEST: settings.firmware_trigger_interval,
+        FIRMWARE: settings.firmware_trigger_interval,
+        FAST_LOG: settings.fast_path_log_interval,
+    }
+    return intervals[query]
+
+
 def batch_bounds(settings: PipelineSettings) -> dict[str, int]:
-    """The most telemetry messages a micro-batch of each query takes (maxOffsetsPerTrigger, 0:
-    none): its source's bound, and what the falling-behind warning names. Empty for the files
-    source, whose batches are bounded in files."""
+    """The most telemetry messages a micro-batch of each query reading the telemetry takes
+    (maxOffsetsPerTrigger, 0: none): its source's bound, and what the falling-behind warning
+    names. Empty for the files source, whose batches are bounded in files."""
     if settings.source != "kafka":
         return {}
-    intervals = {INGEST: settings.ingest_trigger_interval, DETECTION: settings.trigger_interval,
-                 SILENCE: settings.silence_trigger_interval}  # fmt: skip
-    return {name: settings.offsets_per_trigger(every) for name, every in intervals.items()}
+    return {
+        query: settings.offsets_per_trigger(trigger_interval(settings, query))
+        for query in (INGEST, DETECTION, SILENCE)
+    }
 
 
 def check_locations(settings: PipelineSettings) -> None:
@@ -213,7 +228,6 @@ class Pipeline:
         name: str,
         batch_writer: Callable[[DataFrame, int], None],
         *,
-        interval: str | None = None,
         output_mode: str = "append",
     ) -> StreamingQuery:
         """Start ``df`` as query ``name``: its own checkpoint, the run's trigger, foreachBatch."""
@@ -221,7 +235,7 @@ class Pipeline:
         if self.settings.trigger == "available_now":
             writer = writer.trigger(availableNow=True)
         else:
-            writer = writer.trigger(processingTime=interval or self.settings.trigger_interval)
+            writer = writer.trigger(processingTime=trigger_interval(self.settings, name))
         query = writer.outputMode(output_mode).foreachBatch(batch_writer).start()
         self.queries.append(query)
         return query
@@ -263,7 +277,7 @@ class Pipeline:
         writer = IngestBatchWriter(s.lake_root, s.app_id, s.dedup_horizon,
                                    checkpoint=self.checkpoint(INGEST),
                                    offsets=s.source == "kafka")  # fmt: skip
-        return self._start(self._parsed(INGEST), INGEST, writer, interval=s.ingest_trigger_interval)
+        return self._start(self._parsed(INGEST), INGEST, writer)
 
     def start_detection(self) -> StreamingQuery:
         s = self.settings
@@ -296,7 +310,7 @@ class Pipeline:
         s = self.settings
         raw = kafka_source(self.spark, s, topic=s.firmware_topic)
         writer = FirmwareIngestWriter(s.lake_root, s.app_id)
-        return self._start(raw, FIRMWARE_INGEST, writer, interval=s.firmware_trigger_interval)
+        return self._start(raw, FIRMWARE_INGEST, writer)
 
     def start_firmware(self) -> StreamingQuery:
         s = self.settings
@@ -310,7 +324,7 @@ class Pipeline:
             watermark=s.watermark,
         )
         writer = TamperBatchWriter(s.lake_root, s.window, publish=self.publisher)
-        return self._start(unauthorized, FIRMWARE, writer, interval=s.firmware_trigger_interval)
+        return self._start(unauthorized, FIRMWARE, writer)
 
     @property
     def runs_fast_path(self) -> bool:
@@ -368,7 +382,7 @@ class Pipeline:
             .format("delta")
             .outputMode("append")
             .option("checkpointLocation", self.checkpoint(FAST_LOG))
-            .trigger(processingTime=s.fast_path_log_interval)
+            .trigger(processingTime=trigger_interval(s, FAST_LOG))
             .start(lake.table_path(s.lake_root, lake.FAST_ALERTS))
         )
         assert isinstance(query, StreamingQuery)
@@ -394,7 +408,6 @@ class Pipeline:
         writer = SilenceBatchWriter(lake.table_path(s.lake_root, lake.ALERTS), self.publisher)
         with session_conf(self.spark, STATE_STORE_CONF, SILENCE_STATE_STORE):
             return self._start(silence_changes(rows, s.silence_spec()), SILENCE, writer,
-                               interval=s.silence_trigger_interval,
                                output_mode="update")  # fmt: skip
 
     def wait_until_running(

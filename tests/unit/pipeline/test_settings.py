@@ -46,6 +46,27 @@ def test_the_falling_behind_warning_knows_each_query_s_bound() -> None:
         "ingest": 250_000, "detection": 250_000, "silence": 3_000_000
     }  # fmt: skip
     assert batch_bounds(PipelineSettings(source="files")) == {}  # files, not messages
+    # A bound follows its query's trigger: detection every minute takes a minute's messages.
+    slow_detection = PipelineSettings(trigger_interval="1 minute")
+    assert batch_bounds(slow_detection)["detection"] == 3_000_000
+
+
+def test_each_query_runs_on_its_own_setting_s_interval() -> None:
+    from pipeline.job import trigger_interval
+
+    settings = PipelineSettings(
+        trigger_interval="2 seconds", ingest_trigger_interval="3 seconds",
+        silence_trigger_interval="4 minutes", firmware_trigger_interval="5 seconds",
+        fast_path_log_interval="6 seconds",
+    )  # fmt: skip
+    intervals = {
+        query: trigger_interval(settings, query)
+        for query in ("detection", "ingest", "silence", "firmware_ingest", "firmware", "fast_log")
+    }
+    assert intervals == {
+        "detection": "2 seconds", "ingest": "3 seconds", "silence": "4 minutes",
+        "firmware_ingest": "5 seconds", "firmware": "5 seconds", "fast_log": "6 seconds",
+    }  # fmt: skip
 
 
 def test_a_webhook_needs_the_alerts_topic_and_an_http_url() -> None:

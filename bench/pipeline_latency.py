@@ -191,6 +191,10 @@ def quantiles(values: pd.Series) -> dict[str, float]:
             "max": round(float(values.max()), 2)}  # fmt: skip
 
 
+def _rows(value: Any) -> int | None:
+    return None if pd.isna(value) else int(value)
+
+
 def query_metrics(lake: str) -> dict[str, Any]:
     metrics = pd.DataFrame(table_rows(lake, "pipeline_metrics"))
     out: dict[str, Any] = {}
@@ -201,8 +205,9 @@ def query_metrics(lake: str) -> dict[str, Any]:
             "batch_duration_s": quantiles(busy["batch_duration_ms"] / 1000) if len(busy) else None,
             "input_rows_per_s_p50": round(float(busy["input_rows_per_second"].median()), 1)
             if len(busy) else None,
-            "state_rows_first_last": [int(rows["state_rows"].iloc[0] or 0),
-                                      int(rows["state_rows"].iloc[-1] or 0)],
+            # None where the store does not count them (RocksDB: infra.spark).
+            "state_rows_first_last": [_rows(rows["state_rows"].iloc[0]),
+                                      _rows(rows["state_rows"].iloc[-1])],
             "late_rows_dropped": int(rows["late_rows_dropped"].fillna(0).sum()),
         }  # fmt: skip
     return out
@@ -231,7 +236,7 @@ def timeline(
         mem = rss[rss["step"] == step]
         at = metrics[metrics["step"] == step].sort_values("timestamp")
         state = {
-            str(q): int(rows["state_rows"].iloc[-1] or 0)
+            str(q): _rows(rows["state_rows"].iloc[-1])
             for q, rows in at.groupby("query_name")
             if rows["state_rows"].fillna(0).any()
         }

@@ -57,7 +57,7 @@ from pipeline.firmware import (
 )
 from pipeline.ingest import IngestBatchWriter
 from pipeline.maintenance import apply_table_properties
-from pipeline.metrics import MetricsListener
+from pipeline.metrics import MetricsListener, rocksdb_counts_rows
 from pipeline.publish import (
     AlertPublisher,
     alert_publisher,
@@ -524,7 +524,8 @@ def prepare(
     publisher = None
     if settings.source == "kafka" and settings.alerts_topic:
         publisher = alert_publisher(settings, settings.alerts_topic, like=settings.topic)
-    listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS))
+    listener = MetricsListener(lake.table_path(settings.lake_root, lake.PIPELINE_METRICS),
+                               rocksdb_counts_rows=rocksdb_counts_rows(spark))  # fmt: skip
     spark.streams.addListener(listener)
     # Live runs only: a catch-up run returns when the queries are done, not the receiver.
     live = publisher is not None and settings.trigger == "processing"

@@ -19,14 +19,31 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from infra import contract as c
+from infra.spark import ROCKSDB_COUNTS_ROWS
 from pipeline.sinks import driver_frame
 
 log = logging.getLogger(__name__)
 
 
-def progress_row(progress: dict[str, Any]) -> dict[str, Any]:
-    """One ``pipeline_metrics`` row from a StreamingQueryProgress as a dict (pure)."""
+def rows_held(operator: dict[str, Any], *, rocksdb_counts_rows: bool) -> int | None:
+    """The rows a state operator holds; None where its store does not count them: RocksDB
+    (its metrics name it) with ``infra.spark.ROCKSDB_COUNTS_ROWS`` off, which reports 0 (pure)."""
+    in_rocksdb = any(name.startswith("rocksdb") for name in operator.get("customMetrics") or {})
+    if in_rocksdb and not rocksdb_counts_rows:
+        return None
+    return int(operator.get("numRowsTotal") or 0)
+
+
+def rocksdb_counts_rows(spark: SparkSession) -> bool:
+    """Whether the session's RocksDB state stores count the rows they hold (Spark's default)."""
+    return str(spark.conf.get(ROCKSDB_COUNTS_ROWS, "true")).lower() != "false"
+
+
+def progress_row(progress: dict[str, Any], *, rocksdb_counts_rows: bool) -> dict[str, Any]:
+    """One ``pipeline_metrics`` row from a StreamingQueryProgress as a dict (pure).
+    ``state_rows`` is null when a state operator's store does not count its rows."""
     operators = progress.get("stateOperators") or []
+    held = [rows_held(op, rocksdb_counts_rows=rocksdb_counts_rows) for op in operators]
     watermark = (progress.get("eventTime") or {}).get("watermark")
     return {
         "query_name": progress.get("name") or "",
@@ -38,22 +55,24 @@ def progress_row(progress: dict[str, Any]) -> dict[str, Any]:
         "processed_rows_per_second": float(progress.get("processedRowsPerSecond") or 0.0),
         "batch_duration_ms": int(progress.get("batchDuration") or 0),
         "watermark": _watermark(watermark),
-        "state_rows": sum(int(op.get("numRowsTotal") or 0) for op in operators),
+        "state_rows": None if None in held else sum(n for n in held if n is not None),
         "late_rows_dropped": sum(int(op.get("numRowsDroppedByWatermark") or 0) for op in operators),
         "kafka_end_offsets": kafka_end_offsets(progress.get("sources") or []),
     }
 
 
-def state_summary(operators: list[dict[str, Any]]) -> str:
-    """A progress's state operators for the DEBUG log: rows held, updated and removed, and
-    the milliseconds its tasks spent updating, evicting (a scan of every key held, for a
-    watermark) and committing the state; ``none`` for a stateless query (pure)."""
+def state_summary(operators: list[dict[str, Any]], *, rocksdb_counts_rows: bool) -> str:
+    """A progress's state operators for the DEBUG log: rows held ("uncounted" where the store
+    does not count them), updated and removed, and the milliseconds its tasks spent updating,
+    evicting (a scan of every key held, for a watermark) and committing the state; ``none`` for
+    a stateless query (pure)."""
+    held = [rows_held(op, rocksdb_counts_rows=rocksdb_counts_rows) for op in operators]
     parts = [
-        f"{op.get('operatorName', '?')} {op.get('numRowsTotal', 0)} rows "
+        f"{op.get('operatorName', '?')} {'uncounted' if rows is None else rows} rows "
         f"({op.get('numRowsUpdated', 0)} updated, {op.get('numRowsRemoved', 0)} removed; "
         f"ms: update {op.get('allUpdatesTimeMs', 0)}, evict {op.get('allRemovalsTimeMs', 0)}, "
         f"commit {op.get('commitTimeMs', 0)})"
-        for op in operators
+        for op, rows in zip(operators, held, strict=True)
     ]
     return "; ".join(parts) or "none"
 
@@ -132,8 +151,9 @@ class MetricsListener(StreamingQueryListener):
     ``latest`` keeps each query's latest row and Kafka backlog (``BACKLOG``), and each is given
     to ``on_progress`` when set (on Spark's listener thread: it must be quick)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, rocksdb_counts_rows: bool) -> None:
         self.path = path
+        self.rocksdb_counts_rows = rocksdb_counts_rows
         self._rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.latest: dict[str, dict[str, Any]] = {}
@@ -144,11 +164,14 @@ class MetricsListener(StreamingQueryListener):
 
     def onQueryProgress(self, event: Any) -> None:
         progress = json.loads(event.progress.json)
-        row = progress_row(progress)
+        counts = self.rocksdb_counts_rows
+        row = progress_row(progress, rocksdb_counts_rows=counts)
         backlog = kafka_backlog(progress.get("sources") or [])
-        log.debug("%s batch %d took (ms): %s; Kafka backlog at planning: %s; state: %s",
-                  row["query_name"], row["batch_id"], progress.get("durationMs"), backlog,
-                  state_summary(progress.get("stateOperators") or []))  # fmt: skip
+        if log.isEnabledFor(logging.DEBUG):
+            state = state_summary(progress.get("stateOperators") or [], rocksdb_counts_rows=counts)
+            log.debug("%s batch %d took (ms): %s; Kafka backlog at planning: %s; state: %s",
+                      row["query_name"], row["batch_id"], progress.get("durationMs"), backlog,
+                      state)  # fmt: skip
         latest = {**row, BACKLOG: backlog}
         with self._lock:
             self._rows.append(row)

@@ -61,8 +61,9 @@ def health() -> None:
         with right:
             ui.chart(ui.lines(shown, "timestamp", "batch_duration_ms", "query_name",
                               title="Batch duration", y_title="ms"))  # fmt: skip
-            ui.chart(ui.lines(shown, "timestamp", "state_rows", "query_name",
-                              title="State rows", y_title="rows"))  # fmt: skip
+            # Empty for the queries whose state RocksDB holds: it does not count its rows.
+            ui.chart(ui.lines(shown.drop_nulls("state_rows"), "timestamp", "state_rows",
+                              "query_name", title="State rows", y_title="rows"))  # fmt: skip
         st.subheader("Latest batch per query")
         ui.show_table(data.latest_batches(metrics))
 

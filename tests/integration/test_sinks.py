@@ -122,7 +122,8 @@ def test_rows_the_driver_writes_land_in_one_file_per_commit(spark: SparkSession,
     # The append; the MERGE's rewrite, one file per partition it writes (one alert type here).
     assert added(path) == [1, 1]
 
-    listener = MetricsListener(tables.table_path(lake, tables.PIPELINE_METRICS))
+    listener = MetricsListener(tables.table_path(lake, tables.PIPELINE_METRICS),
+                               rocksdb_counts_rows=True)  # fmt: skip
     for batch in range(10):  # as Spark reports a query's progress to the listener
         progress = {"name": "ingest", "runId": "r", "batchId": batch, "numInputRows": 5,
                     "timestamp": "2026-11-28T08:00:00.000Z"}  # fmt: skip

@@ -254,3 +254,36 @@ def vm_option(spark: SparkSession, name: str) -> int:
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     )
     return int(diagnostics.getVMOption(name).getValue())
+
+
+def test_a_rocksdb_store_reads_each_key_a_batch_adds_once_and_its_rows_held_are_unknown(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Counting the rows a RocksDB store holds costs a read of each key before every write: an
+    eighth of detection's Spark job at 25,000 devices (docs/PERFORMANCE.md, session 68). The
+    session turns it off (``infra.spark.ROCKSDB_COUNTS_ROWS``), and the metrics row of such a
+    query records the rows held as unknown, not the 0 Spark then reports."""
+    import json
+
+    from infra.spark import ROCKSDB_PROVIDER
+    from pipeline.job import STATE_STORE_CONF
+    from pipeline.metrics import progress_row, rocksdb_counts_rows
+
+    keys = 500
+    source = tmp_path / "in"
+    spark.range(keys).selectExpr("id AS key").write.parquet(str(source))
+    with session_conf(spark, STATE_STORE_CONF, ROCKSDB_PROVIDER):
+        query = (
+            spark.readStream.schema("key long").parquet(str(source)).dropDuplicates(["key"])
+            .writeStream.format("noop").trigger(availableNow=True)
+            .option("checkpointLocation", str(tmp_path / "checkpoint")).start()
+        )  # fmt: skip
+    assert query.awaitTermination(120), "the deduplication did not end within 120 s"
+    progresses = [json.loads(p.json) for p in query.recentProgress]
+    progress = next(p for p in progresses if p["numInputRows"] == keys)
+    (state,) = progress["stateOperators"]
+    assert state["numRowsUpdated"] == keys
+    # One read a key to find it new; with the count on, a second before its write (1,000).
+    assert keys <= state["customMetrics"]["rocksdbGetCount"] < 1.5 * keys
+    row = progress_row(progress, rocksdb_counts_rows=rocksdb_counts_rows(spark))
+    assert row["state_rows"] is None

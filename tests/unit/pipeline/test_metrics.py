@@ -7,16 +7,18 @@ from datetime import datetime, timezone
 
 from pipeline.metrics import Backlog, kafka_backlog, progress_row, state_summary
 
+# The rows counted wherever they are held (Spark's default; the product turns it off for RocksDB).
+COUNTS = True
 PROGRESS = {"name": "features", "runId": "r1", "batchId": 3,
             "timestamp": "2026-11-25T08:00:05.000Z", "numInputRows": 10}  # fmt: skip
 
 
 def test_no_watermark_yet_is_missing_not_the_epoch() -> None:
-    before = progress_row({**PROGRESS, "eventTime": {"watermark": "1970-01-01T00:00:00.000Z"}})
+    before = progress_row({**PROGRESS, "eventTime": {"watermark": "1970-01-01T00:00:00.000Z"}}, rocksdb_counts_rows=COUNTS)
     assert before["watermark"] is None
-    after = progress_row({**PROGRESS, "eventTime": {"watermark": "2026-11-25T07:58:00.000Z"}})
+    after = progress_row({**PROGRESS, "eventTime": {"watermark": "2026-11-25T07:58:00.000Z"}}, rocksdb_counts_rows=COUNTS)
     assert after["watermark"] == datetime(2026, 11, 25, 7, 58, tzinfo=timezone.utc)
-    assert progress_row(PROGRESS)["watermark"] is None
+    assert progress_row(PROGRESS, rocksdb_counts_rows=COUNTS)["watermark"] is None
 
 
 def test_a_batchs_kafka_end_offsets_are_kept_and_other_sources_are_not() -> None:
@@ -26,12 +28,12 @@ def test_a_batchs_kafka_end_offsets_are_kept_and_other_sources_are_not() -> None
              "endOffset": {"sourceVersion": 1, "reservoirVersion": 3, "index": -1}}  # fmt: skip
     as_text = {"description": "KafkaV2[Subscribe[iot.firmware]]",
                "endOffset": '{"iot.firmware": {"0": 4}}'}  # fmt: skip
-    row = progress_row({**PROGRESS, "sources": [kafka, delta, as_text]})
+    row = progress_row({**PROGRESS, "sources": [kafka, delta, as_text]}, rocksdb_counts_rows=COUNTS)
     assert json.loads(row["kafka_end_offsets"]) == {
         "iot.telemetry": {"0": 12, "1": 7}, "iot.firmware": {"0": 4}
     }  # fmt: skip
-    assert progress_row({**PROGRESS, "sources": [delta]})["kafka_end_offsets"] is None
-    assert progress_row(PROGRESS)["kafka_end_offsets"] is None
+    assert progress_row({**PROGRESS, "sources": [delta]}, rocksdb_counts_rows=COUNTS)["kafka_end_offsets"] is None
+    assert progress_row(PROGRESS, rocksdb_counts_rows=COUNTS)["kafka_end_offsets"] is None
 
 
 def test_a_batchs_kafka_backlog_is_what_its_topics_held_beyond_its_start() -> None:
@@ -60,9 +62,30 @@ def test_the_debug_log_says_where_each_state_operator_spent_its_time() -> None:
              "commitTimeMs": 40}  # fmt: skip
     windows = {"operatorName": "stateStoreSave", "numRowsTotal": 50000, "numRowsUpdated": 49000,
                "allUpdatesTimeMs": 700, "allRemovalsTimeMs": 30, "commitTimeMs": 25}  # fmt: skip
-    assert state_summary([dedup, windows]) == (
+    assert state_summary([dedup, windows], rocksdb_counts_rows=COUNTS) == (
         "dedupe 1500000 rows (100000 updated, 98000 removed; ms: update 900, evict 2100, "
         "commit 40); stateStoreSave 50000 rows (49000 updated, 0 removed; ms: update 700, "
         "evict 30, commit 25)"
     )
-    assert state_summary([]) == "none"
+    assert state_summary([], rocksdb_counts_rows=COUNTS) == "none"
+
+
+def test_rows_a_rocksdb_store_does_not_count_are_unknown_not_zero() -> None:
+    # RocksDB with its row count off reports 0 rows held; its metrics name it.
+    rocksdb = {"operatorName": "dedupe", "numRowsTotal": 0, "numRowsUpdated": 400,
+               "customMetrics": {"rocksdbGetCount": 403, "rocksdbPutCount": 400}}  # fmt: skip
+    on_heap = {"operatorName": "stateStoreSave", "numRowsTotal": 50,
+               "customMetrics": {"loadedMapCacheHitCount": 3}}  # fmt: skip
+
+    def held(*operators: dict[str, object], counts: bool) -> object:
+        progress = {**PROGRESS, "stateOperators": list(operators)}
+        return progress_row(progress, rocksdb_counts_rows=counts)["state_rows"]
+
+    assert held(rocksdb, on_heap, counts=False) is None
+    assert held(on_heap, counts=False) == 50
+    assert held(rocksdb, on_heap, counts=True) == 50
+    assert held(counts=False) == 0  # a stateless query holds none
+    assert state_summary([rocksdb, on_heap], rocksdb_counts_rows=False) == (
+        "dedupe uncounted rows (400 updated, 0 removed; ms: update 0, evict 0, commit 0); "
+        "stateStoreSave 50 rows (0 updated, 0 removed; ms: update 0, evict 0, commit 0)"
+    )

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from typing import Any
 
 from pipeline.metrics import Backlog, kafka_backlog, progress_row, state_summary
 
-# The rows counted wherever they are held (Spark's default; the product turns it off for RocksDB).
-COUNTS = True
+
+def row(progress: dict[str, Any]) -> dict[str, Any]:
+    """The row of a query whose store counts its rows (Spark's default)."""
+    return progress_row(progress, rocksdb_counts_rows=True)
+
+
 PROGRESS = {"name": "features", "runId": "r1", "batchId": 3,
             "timestamp": "2026-11-25T08:00:05.000Z", "numInputRows": 10}  # fmt: skip
 
 
 def test_no_watermark_yet_is_missing_not_the_epoch() -> None:
-    before = progress_row({**PROGRESS, "eventTime": {"watermark": "1970-01-01T00:00:00.000Z"}}, rocksdb_counts_rows=COUNTS)
+    before = row({**PROGRESS, "eventTime": {"watermark": "1970-01-01T00:00:00.000Z"}})
     assert before["watermark"] is None
-    after = progress_row({**PROGRESS, "eventTime": {"watermark": "2026-11-25T07:58:00.000Z"}}, rocksdb_counts_rows=COUNTS)
+    after = row({**PROGRESS, "eventTime": {"watermark": "2026-11-25T07:58:00.000Z"}})
     assert after["watermark"] == datetime(2026, 11, 25, 7, 58, tzinfo=timezone.utc)
-    assert progress_row(PROGRESS, rocksdb_counts_rows=COUNTS)["watermark"] is None
+    assert row(PROGRESS)["watermark"] is None
 
 
 def test_a_batchs_kafka_end_offsets_are_kept_and_other_sources_are_not() -> None:
@@ -28,12 +33,12 @@ def test_a_batchs_kafka_end_offsets_are_kept_and_other_sources_are_not() -> None
              "endOffset": {"sourceVersion": 1, "reservoirVersion": 3, "index": -1}}  # fmt: skip
     as_text = {"description": "KafkaV2[Subscribe[iot.firmware]]",
                "endOffset": '{"iot.firmware": {"0": 4}}'}  # fmt: skip
-    row = progress_row({**PROGRESS, "sources": [kafka, delta, as_text]}, rocksdb_counts_rows=COUNTS)
-    assert json.loads(row["kafka_end_offsets"]) == {
+    ends = row({**PROGRESS, "sources": [kafka, delta, as_text]})["kafka_end_offsets"]
+    assert json.loads(ends) == {
         "iot.telemetry": {"0": 12, "1": 7}, "iot.firmware": {"0": 4}
     }  # fmt: skip
-    assert progress_row({**PROGRESS, "sources": [delta]}, rocksdb_counts_rows=COUNTS)["kafka_end_offsets"] is None
-    assert progress_row(PROGRESS, rocksdb_counts_rows=COUNTS)["kafka_end_offsets"] is None
+    assert row({**PROGRESS, "sources": [delta]})["kafka_end_offsets"] is None
+    assert row(PROGRESS)["kafka_end_offsets"] is None
 
 
 def test_a_batchs_kafka_backlog_is_what_its_topics_held_beyond_its_start() -> None:
@@ -62,12 +67,12 @@ def test_the_debug_log_says_where_each_state_operator_spent_its_time() -> None:
              "commitTimeMs": 40}  # fmt: skip
     windows = {"operatorName": "stateStoreSave", "numRowsTotal": 50000, "numRowsUpdated": 49000,
                "allUpdatesTimeMs": 700, "allRemovalsTimeMs": 30, "commitTimeMs": 25}  # fmt: skip
-    assert state_summary([dedup, windows], rocksdb_counts_rows=COUNTS) == (
+    assert state_summary([dedup, windows], rocksdb_counts_rows=True) == (
         "dedupe 1500000 rows (100000 updated, 98000 removed; ms: update 900, evict 2100, "
         "commit 40); stateStoreSave 50000 rows (49000 updated, 0 removed; ms: update 700, "
         "evict 30, commit 25)"
     )
-    assert state_summary([], rocksdb_counts_rows=COUNTS) == "none"
+    assert state_summary([], rocksdb_counts_rows=True) == "none"
 
 
 def test_rows_a_rocksdb_store_does_not_count_are_unknown_not_zero() -> None:

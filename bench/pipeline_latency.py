@@ -17,7 +17,8 @@ Then it lets the pipeline drain (at most ``--drain`` seconds) and prints a JSON 
   of the detection micro-batch that raised the alert -> the commit that first held the alert in
   ``alerts``), p50/p95; and from the device's first message in that batch;
 - per query, from ``pipeline_metrics``: batches, batch duration p50/p95, input rows/s, state rows
-  at the start and at the end, late rows dropped;
+  at the start and at the end (None where RocksDB holds the state: it counts rows only with
+  ``IOT_SPARK_ROCKSDB_COUNT_ROWS=true``), late rows dropped;
 - the pipeline's resident memory (Python driver, JVM, Python workers) sampled every 5 s: first,
   max, last;
 - its CPU seconds by process (Python driver, JVM, Python workers) from the simulator's start,
@@ -25,8 +26,8 @@ Then it lets the pipeline drain (at most ``--drain`` seconds) and prints a JSON 
   runs compare by it even when their batches were cut differently; with ``--cpu-by-query``, the
   executor CPU seconds of each query's tasks (Spark UI REST API);
 - a timeline in ``--bucket``-second steps (for long runs: is anything growing?): memory (median
-  and max of the samples), state rows of each stateful query, and the ingest latency p95 of the
-  rows written in that step;
+  and max of the samples), state rows of each stateful query whose rows are counted, and the
+  ingest latency p95 of the rows written in that step;
 - whether the pipeline kept up: rows in the lake at the end of sending vs messages sent;
 - with ``--health-every S``, every S seconds: per table the data files a reader opens (the
   current snapshot) and the Parquet files on disk, and the time the dashboard's overview page

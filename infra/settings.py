@@ -212,6 +212,11 @@ class SparkSettings(BaseSettings):
     state_store: str = Field(
         default="default", description="Streaming state store: default or rocksdb"
     )
+    rocksdb_count_rows: bool = Field(
+        default=False,
+        description="Count the rows RocksDB state holds (pipeline_metrics.state_rows, the "
+        "dashboard's chart): a second read of every key a batch writes or removes",
+    )
     ui_enabled: bool = Field(default=False, description="Start the Spark web UI")
 
     @field_validator("state_store")

@@ -21,10 +21,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-# Whether a RocksDB state store counts the rows it holds. It can only by reading each key before
-# it writes or removes it, a second read for every key a batch changes: an eighth of detection's
-# Spark job at 25,000 devices (docs/PERFORMANCE.md, session 68). Off; Spark then reports 0 rows
-# held, which ``pipeline.metrics`` records as unknown. Rows updated and removed are still counted.
+# Whether a RocksDB state store counts the rows it holds. It can count them only by reading each
+# key before it writes or removes it, a second read for every key a batch changes
+# (docs/PERFORMANCE.md, session 68). Off unless ``SparkSettings.rocksdb_count_rows``; Spark then
+# reports 0 rows held, which ``pipeline.metrics`` records as unknown. Rows updated and removed
+# are counted either way.
 ROCKSDB_COUNTS_ROWS = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"
 # The fair scheduler's pools (the file says what each is for). Queries share the task slots of
 # one session; a query started in ALERTS_POOL (``scheduler_pool``) gets them first.
@@ -134,7 +135,7 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": SCHEDULER_POOLS.as_uri(),
         # Every RocksDB store: the silence query's is one whatever ``state_store`` says.
-        ROCKSDB_COUNTS_ROWS: "false",
+        ROCKSDB_COUNTS_ROWS: str(settings.rocksdb_count_rows).lower(),
     }
     if settings.master.startswith("local"):
         conf["spark.driver.memory"] = settings.driver_memory

@@ -643,6 +643,21 @@ def test_health_charts_leave_missing_watermarks_out(
     assert latest["watermark_lag_s"].notna().all()
 
 
+def test_health_state_rows_leave_out_the_queries_whose_rows_are_not_counted(
+    app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
+) -> None:
+    app_env.setenv("IOT_LAKE_ROOT", fixture_lake.root)
+    at = open_page("health")
+    rows = chart_data(at, "State rows")
+    # Detection's are unknown (RocksDB): no line at 0, no null points.
+    assert list(rows["query_name"].unique()) == ["ingest"]
+    assert len(rows) == 12
+    latest = at.dataframe[0].value
+    assert latest.set_index("query")["state_rows"].isna().to_dict() == {
+        "detection": True, "ingest": False
+    }  # fmt: skip
+
+
 def test_device_page_shows_telemetry_registry_and_history(
     app_env: pytest.MonkeyPatch, fixture_lake: FixtureLake
 ) -> None:

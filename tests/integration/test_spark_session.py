@@ -259,10 +259,10 @@ def vm_option(spark: SparkSession, name: str) -> int:
 def test_a_rocksdb_store_reads_each_key_a_batch_adds_once_and_its_rows_held_are_unknown(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """Counting the rows a RocksDB store holds costs a read of each key before every write: an
-    eighth of detection's Spark job at 25,000 devices (docs/PERFORMANCE.md, session 68). The
-    session turns it off (``infra.spark.ROCKSDB_COUNTS_ROWS``), and the metrics row of such a
-    query records the rows held as unknown, not the 0 Spark then reports."""
+    """Counting the rows a RocksDB store holds costs a read of each key before every write
+    (docs/PERFORMANCE.md, session 68). The session turns it off (``infra.spark.
+    ROCKSDB_COUNTS_ROWS``), and the metrics row of such a query records the rows held as
+    unknown, not the 0 Spark then reports."""
     import json
 
     from infra.spark import ROCKSDB_PROVIDER
@@ -278,7 +278,10 @@ def test_a_rocksdb_store_reads_each_key_a_batch_adds_once_and_its_rows_held_are_
             .writeStream.format("noop").trigger(availableNow=True)
             .option("checkpointLocation", str(tmp_path / "checkpoint")).start()
         )  # fmt: skip
-    assert query.awaitTermination(120), "the deduplication did not end within 120 s"
+    try:
+        assert query.awaitTermination(120), "the deduplication did not end within 120 s"
+    finally:
+        query.stop()
     progresses = [json.loads(p.json) for p in query.recentProgress]
     progress = next(p for p in progresses if p["numInputRows"] == keys)
     (state,) = progress["stateOperators"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.settings import SparkSettings
-from infra.spark import C2_THRESHOLDS, COLLECTOR, JVM_ENVIRONMENT, spark_conf
+from infra.spark import C2_THRESHOLDS, COLLECTOR, JVM_ENVIRONMENT, ROCKSDB_COUNTS_ROWS, spark_conf
 
 
 @pytest.mark.parametrize(("cores", "partitions"), [(1, "1"), (2, "1"), (3, "1"), (8, "4")])
@@ -23,6 +23,14 @@ def test_shuffle_partitions_set_are_kept(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     conf = spark_conf(SparkSettings(master="local[*]", shuffle_partitions=3), [])
     assert conf["spark.sql.shuffle.partitions"] == "3"
+
+
+def test_rocksdb_counts_the_rows_it_holds_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counting costs a read of every key a batch writes or removes (docs/PERFORMANCE.md,
+    session 68); an operator who wants the state's rows sets IOT_SPARK_ROCKSDB_COUNT_ROWS."""
+    assert spark_conf(SparkSettings(), [])[ROCKSDB_COUNTS_ROWS] == "false"
+    monkeypatch.setenv("IOT_SPARK_ROCKSDB_COUNT_ROWS", "true")
+    assert spark_conf(SparkSettings(), [])[ROCKSDB_COUNTS_ROWS] == "true"
 
 
 @pytest.mark.parametrize(

@@ -349,7 +349,10 @@ def summary(
     latency_line = f"alert latency (Kafka -> alert committed): {latency or 'n/a (no alerts)'}"
     by_type = alerts_by_type(lake_root)
     statuses = Counter(r["status"] for r in table_rows(lake_root, lake.ALERTS, ["status"]))
+    from models.live_eval import alerts_left_out
+
     unscored = unscored_injections(lake_root)
+    other = alerts_left_out(lake_root)
     return "\n".join([
         *([] if produced is None else [f"produced to Kafka: {produced:,} messages"]),
         "summary: " + progress_line(lake_root),
@@ -360,6 +363,7 @@ def summary(
         "overlaps it on its device):",
         detection_summary(lake_root),
         *([] if unscored is None else [unscored]),
+        *([] if other is None else [other]),
         latency_line,
     ])  # fmt: skip
 

@@ -140,6 +140,19 @@ def false_alerts(
     return alerts[~alerts.index.isin(set(pairs["alert_row"]))]
 
 
+def other_scenario_alerts(
+    alerts: pd.DataFrame, truth: pd.DataFrame, scenarios: Sequence[str] = c.FRAUD_SCENARIOS
+) -> pd.DataFrame:
+    """The alerts ``evaluate`` counts neither true nor false (no analyst verdict): on a device
+    during an injection whose scenario does not name their type, and matching no other. Rows of
+    ``alerts`` with ``during``: the scenarios of the injections each overlaps, comma-separated."""
+    alerts = alerts.reset_index(drop=True)
+    _, _, pairs, wanted = _overlaps(alerts, truth, scenarios)
+    other = pairs[~pairs["alert_row"].isin(set(pairs.loc[wanted, "alert_row"]))]
+    during = other.groupby("alert_row")["scenario"].agg(lambda s: ", ".join(sorted(set(s))))
+    return alerts.loc[during.index].assign(during=during)
+
+
 def missed(
     alerts: pd.DataFrame, truth: pd.DataFrame, scenarios: Sequence[str] = c.FRAUD_SCENARIOS
 ) -> pd.DataFrame:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from infra import contract as c
 from infra import lake
-from models.evaluation import evaluate
+from models.evaluation import evaluate, other_scenario_alerts
 
 _ALERT_COLUMNS = ["alert_id", "device_id", "alert_type", "window_start", "window_end",
                   "last_event_time"]  # fmt: skip
@@ -53,6 +53,34 @@ def evaluate_lake(lake_root: str) -> pd.DataFrame:
     assert truth is not None and alerts is not None
     feedback = read_table(lake_root, lake.ALERT_FEEDBACK, ["alert_id", "verdict", "created_at"])
     return evaluate(alerts, truth, feedback)
+
+
+def alerts_left_out(lake_root: str) -> str | None:
+    """The standing alerts the evaluation counts neither true nor false (on a device during an
+    injection whose scenario does not name their type: ``other_scenario_alerts``), by injection
+    and type, so that the table's alerts and the demo's count add up; None when there are none."""
+    truth = read_table(
+        lake_root, lake.GROUND_TRUTH, ["device_id", "scenario", "start_time", "end_time"]
+    )
+    alerts = standing_alerts(lake_root, _ALERT_COLUMNS)
+    if truth is None or alerts is None:
+        return None
+    other = other_scenario_alerts(alerts, truth)
+    if other.empty:
+        return None
+    counts = (
+        other.groupby(["during", "alert_type"]).size().sort_values(ascending=False, kind="stable")
+    )
+    by_injection: dict[str, list[str]] = {}
+    for during, alert_type, n in zip(
+        counts.index.get_level_values(0), counts.index.get_level_values(1), counts, strict=True
+    ):
+        by_injection.setdefault(during, []).append(f"{alert_type} {n:,}")
+    listed = "; ".join(
+        f"during {d}: {', '.join(types)}" for d, types in sorted(by_injection.items())
+    )
+    return (f"alerts not in the table: {len(other):,}, on a device during an injection whose "
+            f"scenario does not name their type (neither true nor false): {listed}")  # fmt: skip
 
 
 def write_evaluation(lake_root: str, result: pd.DataFrame, at: datetime | None = None) -> None:

@@ -15,6 +15,7 @@ from models.evaluation import (
     false_alerts,
     false_alerts_per_10k,
     missed,
+    other_scenario_alerts,
     window_labels,
 )
 
@@ -78,6 +79,18 @@ def test_the_all_row_counts_every_alert_once() -> None:
     # true: a1 a2 a3 a4; false: a5 a7; a6 overlaps an injection of another kind: neither
     assert (total["true_positive_alerts"], total["alerts"]) == (4, 6)
     assert total["precision"] == pytest.approx(4 / 6)
+
+
+def test_the_alerts_the_all_row_leaves_out_are_those_during_another_scenarios_injection() -> None:
+    other = other_scenario_alerts(ALERTS, TRUTH)
+    assert other[["alert_id", "alert_type", "during"]].to_dict("records") == [
+        {"alert_id": "a6", "alert_type": "flood", "during": "tampering"}
+    ]
+    # Every alert is in the all row or here: the demo's total is their sum.
+    assert by_scenario(evaluate(ALERTS, TRUTH))["all"]["alerts"] + len(other) == len(ALERTS)
+    # An alert that also matches an injection of its own type is true, not listed.
+    both = pd.concat([TRUTH, pd.DataFrame([injection("m1", "flood", 0, 15)])])
+    assert other_scenario_alerts(ALERTS, both).empty
 
 
 def test_analyst_verdicts_override_the_ground_truth() -> None:

@@ -12,8 +12,9 @@ from deltalake import DeltaTable, write_deltalake
 
 from infra import contract as c
 from infra import lake
+from models import cli as models_cli
 from models.evaluation import window_labels
-from models.live_eval import evaluate_lake, standing_alerts
+from models.live_eval import alerts_left_out, evaluate_lake, standing_alerts
 
 T0 = datetime(2026, 11, 26, 8, 0, tzinfo=timezone.utc)
 
@@ -63,3 +64,47 @@ def test_a_lake_without_injections_says_why_there_is_nothing_to_evaluate(tmp_pat
         f"no ground_truth table under {root}: the simulator writes it when it injects its first "
         "scenario (a run of a few minutes in real time may inject none)"
     )
+
+
+def test_the_alerts_left_out_of_the_table_are_named_by_injection_and_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's alert count and its table's add up: an alert on a device during an injection
+    of a scenario that does not name its type is neither true nor false, and said."""
+    root = str(tmp_path)
+    assert alerts_left_out(root) is None  # no tables yet
+    write(root, lake.GROUND_TRUTH, c.GROUND_TRUTH_COLUMNS, [
+        {"scenario_id": f"s{i}", "device_id": device, "scenario": scenario, "start_time": T0,
+         "end_time": T0 + timedelta(minutes=20)}
+        for i, (device, scenario) in enumerate([("d1", "flood"), ("d2", "replay")])
+    ])  # fmt: skip
+    rows = [  # device, type, status
+        ("d1", "flood", c.ALERT_RAISED),  # its own scenario's type: true, in the table
+        ("d1", "stuck_sensor", c.ALERT_RAISED),
+        ("d1", "stuck_sensor", None),
+        ("d1", "model_anomaly", c.ALERT_RAISED),
+        ("d1", "spike", c.ALERT_WITHDRAWN),  # not standing: counted nowhere
+        ("d2", "flood", c.ALERT_RAISED),
+        ("d3", "stuck_sensor", c.ALERT_RAISED),  # no injection on d3: false, in the table
+    ]
+    write(root, lake.ALERTS, c.ALERTS_COLUMNS, [
+        {"alert_id": f"a{i}", "device_id": device, "alert_type": alert_type, "window_start": T0,
+         "window_end": T0 + timedelta(minutes=10), "last_event_time": T0 + timedelta(minutes=5),
+         "status": status}
+        for i, (device, alert_type, status) in enumerate(rows)
+    ])  # fmt: skip
+
+    left_out = (
+        "alerts not in the table: 4, on a device during an injection whose scenario does not "
+        "name their type (neither true nor false): during flood: stuck_sensor 2, model_anomaly 1; "
+        "during replay: flood 1"
+    )
+    assert alerts_left_out(root) == left_out
+    monkeypatch.setenv("IOT_LAKE_ROOT", root)
+    assert models_cli.main(["eval"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-2:] == [left_out, f"written to the evaluation table under {root}"]
+    standing = standing_alerts(root, ["alert_id"])
+    assert standing is not None
+    total = evaluate_lake(root).set_index("scenario").loc["all"]
+    assert (total["alerts"], len(standing)) == (2, 6)  # 2 in the table + 4 left out

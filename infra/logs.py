@@ -28,6 +28,11 @@ NOISY = ("py4j", "urllib3", "alembic", "mlflow.store")
 # propagating (unless MLFLOW_CONFIGURE_LOGGING is false): their records would miss the log file.
 MLFLOW_LOGGERS = ("mlflow", "sqlalchemy.engine", "alembic", "huey")
 
+# Spark warns "Current batch is falling behind" for every micro-batch longer than its trigger
+# interval: on a small machine, every detection batch, hundreds an hour, burying the lines a
+# reader of the log file looks for. A query that really falls behind is told once, by the
+# pipeline's own warning (``pipeline.progress``). ``-v`` shows them.
+SPARK_FALLING_BEHIND = "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor"
 # The JVM's lines in the format of the Python ones (log4j's WARN where Python says WARNING).
 LOG4J2_CONFIG = """\
 <?xml version="1.0" encoding="UTF-8"?>
@@ -45,7 +50,7 @@ LOG4J2_CONFIG = """\
       <AppenderRef ref="file"/>{terminal}
     </Root>
     <Logger name="org.apache.parquet" level="ERROR"/>
-    <Logger name="parquet" level="ERROR"/>
+    <Logger name="parquet" level="ERROR"/>{falling_behind}
   </Loggers>
 </Configuration>
 """
@@ -130,8 +135,11 @@ def spark_log_conf() -> dict[str, str]:
     if setup is None:
         return {}
     config = setup.file.parent / ("log4j2-verbose.xml" if setup.verbose else "log4j2.xml")
+    terminal = '\n      <AppenderRef ref="terminal"/>'
+    falling_behind = f'\n    <Logger name="{SPARK_FALLING_BEHIND}" level="ERROR"/>'
     text = LOG4J2_CONFIG.format(
-        terminal='\n      <AppenderRef ref="terminal"/>' if setup.verbose else ""
+        terminal=terminal if setup.verbose else "",
+        falling_behind="" if setup.verbose else falling_behind,
     )
     # The demo's children write it at the same time: each writes a whole file, then renames it.
     partial = config.with_name(f"{config.name}.{os.getpid()}")

@@ -29,9 +29,9 @@ NOISY = ("py4j", "urllib3", "alembic", "mlflow.store")
 MLFLOW_LOGGERS = ("mlflow", "sqlalchemy.engine", "alembic", "huey")
 
 # Spark warns "Current batch is falling behind" for every micro-batch longer than its trigger
-# interval: on a small machine, every detection batch, hundreds an hour, burying the lines a
-# reader of the log file looks for. A query that really falls behind is told once, by the
-# pipeline's own warning (``pipeline.progress``). ``-v`` shows them.
+# interval: on a small machine, nearly every detection batch, burying the lines a reader of the
+# log file looks for. A query that really falls behind is told once, by the pipeline's own
+# warning (``pipeline.progress``). ``-v`` shows Spark's.
 SPARK_FALLING_BEHIND = "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor"
 # The JVM's lines in the format of the Python ones (log4j's WARN where Python says WARNING).
 LOG4J2_CONFIG = """\

@@ -140,13 +140,16 @@ def ensure_model(
 
 
 def detection_summary(lake_root: str) -> str:
-    """Precision, recall and time to detect per injected scenario (``iotfraud eval``'s table)."""
+    """Precision, recall and time to detect per injected scenario (``iotfraud eval``'s table),
+    and the alerts it leaves out."""
     from models.live_eval import evaluate_lake, format_table
 
     try:
-        return format_table(evaluate_lake(lake_root))
+        result = evaluate_lake(lake_root)
     except FileNotFoundError as exc:
         return f"  (no evaluation: {exc})"
+    left_out = result.left_out_line()
+    return format_table(result.table) + ("" if left_out is None else f"\n{left_out}")
 
 
 def unscored_injections(lake_root: str) -> str | None:
@@ -349,10 +352,7 @@ def summary(
     latency_line = f"alert latency (Kafka -> alert committed): {latency or 'n/a (no alerts)'}"
     by_type = alerts_by_type(lake_root)
     statuses = Counter(r["status"] for r in table_rows(lake_root, lake.ALERTS, ["status"]))
-    from models.live_eval import alerts_left_out
-
     unscored = unscored_injections(lake_root)
-    other = alerts_left_out(lake_root)
     return "\n".join([
         *([] if produced is None else [f"produced to Kafka: {produced:,} messages"]),
         "summary: " + progress_line(lake_root),
@@ -363,7 +363,6 @@ def summary(
         "overlaps it on its device):",
         detection_summary(lake_root),
         *([] if unscored is None else [unscored]),
-        *([] if other is None else [other]),
         latency_line,
     ])  # fmt: skip
 

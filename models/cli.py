@@ -158,18 +158,18 @@ def sign(version: str) -> None:
 def evaluate() -> None:
     """Score the live alerts against ground_truth; write the evaluation table."""
     from infra.settings import CommonSettings
-    from models.live_eval import alerts_left_out, evaluate_lake, format_table, write_evaluation
+    from models.live_eval import evaluate_lake, format_table, write_evaluation
 
     lake_root = load_settings(CommonSettings).lake_root
     try:
         result = evaluate_lake(lake_root)
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
-    click.echo(format_table(result))
-    left_out = alerts_left_out(lake_root)
+    click.echo(format_table(result.table))
+    left_out = result.left_out_line()
     if left_out:
         click.echo(left_out)
-    write_evaluation(lake_root, result)
+    write_evaluation(lake_root, result.table)
     click.echo(f"written to the evaluation table under {lake_root}")
 
 

@@ -62,6 +62,14 @@ def _pairs(alerts: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
     return pairs[overlap | pairs["scenario"].isin(UNTIMED_SCENARIOS)]
 
 
+def _verdicts(alerts: pd.DataFrame, feedback: pd.DataFrame | None) -> pd.Series:
+    """Each alert's latest analyst verdict (None where it has none), indexed like ``alerts``."""
+    if feedback is None or feedback.empty or "alert_id" not in alerts:
+        return pd.Series(None, index=alerts.index, dtype="object")
+    latest = feedback.sort_values("created_at").groupby("alert_id")["verdict"].last()
+    return alerts["alert_id"].map(latest)
+
+
 def _ratio(num: float, den: float) -> float | None:
     return float(num / den) if den else None
 
@@ -86,10 +94,7 @@ def evaluate(
     ``feedback``: alert_id, verdict (the latest per alert is used).
     """
     alerts, truth, pairs, wanted = _overlaps(alerts, truth, scenarios)
-    verdict = pd.Series(None, index=alerts.index, dtype="object")
-    if feedback is not None and not feedback.empty and "alert_id" in alerts:
-        latest = feedback.sort_values("created_at").groupby("alert_id")["verdict"].last()
-        verdict = alerts["alert_id"].map(latest)
+    verdict = _verdicts(alerts, feedback)
     rejected = set(alerts.index[verdict == "false_positive"])
     confirmed = set(alerts.index[verdict == "true_positive"])
     matches = pairs[wanted & ~pairs["alert_row"].isin(rejected)]
@@ -141,14 +146,20 @@ def false_alerts(
 
 
 def other_scenario_alerts(
-    alerts: pd.DataFrame, truth: pd.DataFrame, scenarios: Sequence[str] = c.FRAUD_SCENARIOS
+    alerts: pd.DataFrame,
+    truth: pd.DataFrame,
+    feedback: pd.DataFrame | None = None,
+    scenarios: Sequence[str] = c.FRAUD_SCENARIOS,
 ) -> pd.DataFrame:
-    """The alerts ``evaluate`` counts neither true nor false (no analyst verdict): on a device
-    during an injection whose scenario does not name their type, and matching no other. Rows of
+    """The alerts ``evaluate`` counts neither true nor false, so its ``all`` row leaves them
+    out: on a device during an injection of a scenario that does not raise their type, matching
+    no other, with no analyst verdict (a verdict makes an alert true or false). Rows of
     ``alerts`` with ``during``: the scenarios of the injections each overlaps, comma-separated."""
     alerts = alerts.reset_index(drop=True)
     _, _, pairs, wanted = _overlaps(alerts, truth, scenarios)
-    other = pairs[~pairs["alert_row"].isin(set(pairs.loc[wanted, "alert_row"]))]
+    judged = set(alerts.index[_verdicts(alerts, feedback).notna()])
+    explained = set(pairs.loc[wanted, "alert_row"]) | judged
+    other = pairs[~pairs["alert_row"].isin(explained)]
     during = other.groupby("alert_row")["scenario"].agg(lambda s: ", ".join(sorted(set(s))))
     return alerts.loc[during.index].assign(during=during)
 

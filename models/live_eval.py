@@ -3,6 +3,7 @@ read with ``deltalake`` (no JVM); the result is appended to the ``evaluation`` t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pandas as pd
@@ -35,8 +36,39 @@ def standing_alerts(lake_root: str, columns: list[str]) -> pd.DataFrame | None:
     return alerts.reset_index(drop=True)
 
 
-def evaluate_lake(lake_root: str) -> pd.DataFrame:
-    """The evaluation of the lake's alerts; a clear error when a needed table is missing."""
+@dataclass(frozen=True)
+class LakeEvaluation:
+    """``evaluate``'s table for the lake, and the standing alerts its ``all`` row leaves out
+    (``other_scenario_alerts``), from one read of the tables."""
+
+    table: pd.DataFrame
+    left_out: pd.DataFrame
+
+    def left_out_line(self) -> str | None:
+        """The alerts left out, by injection and type, so that the table's count and the
+        standing alerts add up; None when there are none."""
+        if self.left_out.empty:
+            return None
+        counts = self.left_out.groupby(["during", "alert_type"]).size()
+        by_injection: dict[str, list[str]] = {}
+        for during, alert_type, n in zip(
+            counts.index.get_level_values(0),
+            counts.index.get_level_values(1),
+            counts,
+            strict=True,
+        ):
+            by_injection.setdefault(during, []).append(f"{alert_type} {n:,}")
+        listed = "; ".join(
+            f"during {d}: {', '.join(types)}" for d, types in sorted(by_injection.items())
+        )
+        return (f"{len(self.left_out):,} alerts not in the table, neither true nor false: each "
+                "came on a device during an injection of a scenario that does not raise its "
+                f"type ({listed})")  # fmt: skip
+
+
+def evaluate_lake(lake_root: str) -> LakeEvaluation:
+    """The evaluation of the lake's standing alerts; a clear error when a needed table is
+    missing."""
     truth = read_table(lake_root, lake.GROUND_TRUTH, c.column_names(c.GROUND_TRUTH_COLUMNS))
     alerts = standing_alerts(lake_root, _ALERT_COLUMNS)
     missing = [name for name, frame in ((lake.GROUND_TRUTH, truth), (lake.ALERTS, alerts))
@@ -52,35 +84,9 @@ def evaluate_lake(lake_root: str) -> pd.DataFrame:
         )
     assert truth is not None and alerts is not None
     feedback = read_table(lake_root, lake.ALERT_FEEDBACK, ["alert_id", "verdict", "created_at"])
-    return evaluate(alerts, truth, feedback)
-
-
-def alerts_left_out(lake_root: str) -> str | None:
-    """The standing alerts the evaluation counts neither true nor false (on a device during an
-    injection whose scenario does not name their type: ``other_scenario_alerts``), by injection
-    and type, so that the table's alerts and the demo's count add up; None when there are none."""
-    truth = read_table(
-        lake_root, lake.GROUND_TRUTH, ["device_id", "scenario", "start_time", "end_time"]
+    return LakeEvaluation(
+        evaluate(alerts, truth, feedback), other_scenario_alerts(alerts, truth, feedback)
     )
-    alerts = standing_alerts(lake_root, _ALERT_COLUMNS)
-    if truth is None or alerts is None:
-        return None
-    other = other_scenario_alerts(alerts, truth)
-    if other.empty:
-        return None
-    counts = (
-        other.groupby(["during", "alert_type"]).size().sort_values(ascending=False, kind="stable")
-    )
-    by_injection: dict[str, list[str]] = {}
-    for during, alert_type, n in zip(
-        counts.index.get_level_values(0), counts.index.get_level_values(1), counts, strict=True
-    ):
-        by_injection.setdefault(during, []).append(f"{alert_type} {n:,}")
-    listed = "; ".join(
-        f"during {d}: {', '.join(types)}" for d, types in sorted(by_injection.items())
-    )
-    return (f"alerts not in the table: {len(other):,}, on a device during an injection whose "
-            f"scenario does not name their type (neither true nor false): {listed}")  # fmt: skip
 
 
 def write_evaluation(lake_root: str, result: pd.DataFrame, at: datetime | None = None) -> None:

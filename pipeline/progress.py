@@ -2,9 +2,10 @@
 falling behind, once.
 
 Falling behind means the input waiting in Kafka keeps growing, so results come later and later.
-A micro-batch longer than its trigger interval does not mean that: Spark logs "Current batch is
-falling behind" for each one (in the log file, ``infra.logs``), yet on a small machine that is
-the steady state, each batch taking what arrived while the last one ran.
+A micro-batch longer than its trigger interval does not mean that: Spark warns "Current batch is
+falling behind" for each one (``infra.logs`` keeps that warning out of the log file unless
+``-v``), yet on a small machine that is the steady state, each batch taking what arrived while
+the last one ran.
 """
 
 from __future__ import annotations

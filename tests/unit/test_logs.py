@@ -114,6 +114,9 @@ def test_the_driver_jvm_gets_a_log4j2_configuration_that_writes_the_log_file(
     appenders = {a.get("ref") for a in root.iter("AppenderRef")}
     assert appenders == ({"file", "terminal"} if verbose else {"file"})
     assert root.find("Appenders/File").get("fileName") == "${sys:iotfraud.log.file}"  # type: ignore[union-attr]
+    # Spark's warning for each batch longer than its trigger is left out unless verbose.
+    levels = {logger.get("name"): logger.get("level") for logger in root.iter("Logger")}
+    assert levels.get(logs.SPARK_FALLING_BEHIND) == (None if verbose else "ERROR")
 
 
 def test_without_configured_logging_the_jvm_keeps_sparks_own() -> None:

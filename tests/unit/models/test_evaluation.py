@@ -88,6 +88,11 @@ def test_the_alerts_the_all_row_leaves_out_are_those_during_another_scenarios_in
     ]
     # Every alert is in the all row or here: the demo's total is their sum.
     assert by_scenario(evaluate(ALERTS, TRUTH))["all"]["alerts"] + len(other) == len(ALERTS)
+    # An analyst's verdict makes it true or false, in the all row either way.
+    for verdict in ("true_positive", "false_positive"):
+        feedback = pd.DataFrame([{"alert_id": "a6", "verdict": verdict, "created_at": at(60)}])
+        assert other_scenario_alerts(ALERTS, TRUTH, feedback).empty
+        assert by_scenario(evaluate(ALERTS, TRUTH, feedback))["all"]["alerts"] == len(ALERTS)
     # An alert that also matches an injection of its own type is true, not listed.
     both = pd.concat([TRUTH, pd.DataFrame([injection("m1", "flood", 0, 15)])])
     assert other_scenario_alerts(ALERTS, both).empty

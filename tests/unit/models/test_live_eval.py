@@ -12,9 +12,10 @@ from deltalake import DeltaTable, write_deltalake
 
 from infra import contract as c
 from infra import lake
+from iotfraud.demo import detection_summary
 from models import cli as models_cli
 from models.evaluation import window_labels
-from models.live_eval import alerts_left_out, evaluate_lake, standing_alerts
+from models.live_eval import evaluate_lake, standing_alerts
 
 T0 = datetime(2026, 11, 26, 8, 0, tzinfo=timezone.utc)
 
@@ -45,7 +46,7 @@ def test_withdrawn_alerts_count_neither_as_true_nor_as_false(tmp_path: Path) -> 
     assert list(standing["alert_id"]) == ["true", "older"]
     # Positional labels (the live-quality bench's false alerts): one per standing alert.
     assert list(window_labels(standing, ground_truth(root), 0.0)) == ["flood", "flood"]
-    flood = evaluate_lake(root).set_index("scenario").loc["flood"]
+    flood = evaluate_lake(root).table.set_index("scenario").loc["flood"]
     assert (flood["alerts"], flood["true_positive_alerts"], flood["precision"]) == (2, 2, 1.0)
 
 
@@ -70,9 +71,8 @@ def test_the_alerts_left_out_of_the_table_are_named_by_injection_and_type(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The demo's alert count and its table's add up: an alert on a device during an injection
-    of a scenario that does not name its type is neither true nor false, and said."""
+    of a scenario that does not raise its type is neither true nor false, and said."""
     root = str(tmp_path)
-    assert alerts_left_out(root) is None  # no tables yet
     write(root, lake.GROUND_TRUTH, c.GROUND_TRUTH_COLUMNS, [
         {"scenario_id": f"s{i}", "device_id": device, "scenario": scenario, "start_time": T0,
          "end_time": T0 + timedelta(minutes=20)}
@@ -86,6 +86,7 @@ def test_the_alerts_left_out_of_the_table_are_named_by_injection_and_type(
         ("d1", "spike", c.ALERT_WITHDRAWN),  # not standing: counted nowhere
         ("d2", "flood", c.ALERT_RAISED),
         ("d3", "stuck_sensor", c.ALERT_RAISED),  # no injection on d3: false, in the table
+        ("d1", "spike", c.ALERT_RAISED),  # an analyst's verdict below: in the table
     ]
     write(root, lake.ALERTS, c.ALERTS_COLUMNS, [
         {"alert_id": f"a{i}", "device_id": device, "alert_type": alert_type, "window_start": T0,
@@ -93,18 +94,27 @@ def test_the_alerts_left_out_of_the_table_are_named_by_injection_and_type(
          "status": status}
         for i, (device, alert_type, status) in enumerate(rows)
     ])  # fmt: skip
+    assert len(evaluate_lake(root).left_out) == 5  # a7 too, before its verdict
+    write(root, lake.ALERT_FEEDBACK, c.ALERT_FEEDBACK_COLUMNS, [
+        {"alert_id": "a7", "verdict": "true_positive", "note": None, "analyst": "ana",
+         "created_at": T0 + timedelta(hours=1)},
+    ])  # fmt: skip
+
+    result = evaluate_lake(root)
 
     left_out = (
-        "alerts not in the table: 4, on a device during an injection whose scenario does not "
-        "name their type (neither true nor false): during flood: stuck_sensor 2, model_anomaly 1; "
-        "during replay: flood 1"
+        "4 alerts not in the table, neither true nor false: each came on a device during an "
+        "injection of a scenario that does not raise its type (during flood: model_anomaly 1, "
+        "stuck_sensor 2; during replay: flood 1)"
     )
-    assert alerts_left_out(root) == left_out
+    assert result.left_out_line() == left_out
+    standing = standing_alerts(root, ["alert_id"])
+    assert standing is not None
+    total = result.table.set_index("scenario").loc["all"]
+    assert (total["alerts"], len(result.left_out), len(standing)) == (3, 4, 7)
+    # What the demo and `iotfraud eval` print under the table.
+    assert detection_summary(root).splitlines()[-1] == left_out
     monkeypatch.setenv("IOT_LAKE_ROOT", root)
     assert models_cli.main(["eval"]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[-2:] == [left_out, f"written to the evaluation table under {root}"]
-    standing = standing_alerts(root, ["alert_id"])
-    assert standing is not None
-    total = evaluate_lake(root).set_index("scenario").loc["all"]
-    assert (total["alerts"], len(standing)) == (2, 6)  # 2 in the table + 4 left out

@@ -61,9 +61,10 @@ class LakeEvaluation:
         listed = "; ".join(
             f"during {d}: {', '.join(types)}" for d, types in sorted(by_injection.items())
         )
-        return (f"{len(self.left_out):,} alerts not in the table, neither true nor false: each "
-                "came on a device during an injection of a scenario that does not raise its "
-                f"type ({listed})")  # fmt: skip
+        alerts = f"{len(self.left_out):,} alert" + ("s" if len(self.left_out) > 1 else "")
+        return (f"{alerts} not in the table, neither true nor false: each came on a device "
+                "during an injection of a scenario that does not raise its type "
+                f"({listed})")  # fmt: skip
 
 
 def evaluate_lake(lake_root: str) -> LakeEvaluation:

@@ -18,6 +18,7 @@ from models.evaluation import (
     other_scenario_alerts,
     window_labels,
 )
+from models.live_eval import LakeEvaluation
 
 T0 = datetime(2026, 1, 5, 10, 0, tzinfo=timezone.utc)
 
@@ -86,6 +87,10 @@ def test_the_alerts_the_all_row_leaves_out_are_those_during_another_scenarios_in
     assert other[["alert_id", "alert_type", "during"]].to_dict("records") == [
         {"alert_id": "a6", "alert_type": "flood", "during": "tampering"}
     ]
+    assert LakeEvaluation(pd.DataFrame(), other).left_out_line() == (
+        "1 alert not in the table, neither true nor false: each came on a device during an "
+        "injection of a scenario that does not raise its type (during tampering: flood 1)"
+    )
     # Every alert is in the all row or here: the demo's total is their sum.
     assert by_scenario(evaluate(ALERTS, TRUTH))["all"]["alerts"] + len(other) == len(ALERTS)
     # An analyst's verdict makes it true or false, in the all row either way.

@@ -73,9 +73,10 @@ class WindowState:
     """Open windows (latest state) and closed history, as of the last committed batch.
 
     ``profiles`` keeps the profiles (``pipeline.profiles.profiles``) computed for open windows,
-    keyed like ``open``: a window's profile reads only its device's history, which changes
-    only when one of the device's windows closes. Most of a batch's changed windows were
-    changed by the batch before, so most profiles are found here (``profiled``).
+    keyed like ``open``: a window's profile reads only its device's closed windows that ended
+    by its start, so it changes only when such a window closes. Most of a batch's changed
+    windows were changed by the batch before, and a window closing now was open before, so
+    most profiles are found here (``profiled``).
     """
 
     open: pd.DataFrame
@@ -143,9 +144,13 @@ def advance(
     still = merged[~closes]
     cached = state.profiles
     if len(cached):
-        # Devices with new history rows have new profiles; closed windows need none.
-        moved = cached.index.get_level_values(0).isin(added["device_id"])
-        cached = cached[~moved & cached.index.isin(still.index)]
+        # Changed: the profiles of windows starting at or after the end of a window added to
+        # their device's history now. Those of the windows closing now are kept for this
+        # batch (``profiled`` drops them after).
+        first_end = added.groupby("device_id")[col.WINDOW_END].min()
+        ends = first_end.reindex(cached.index.get_level_values(0)).to_numpy()
+        moved = cached.index.get_level_values(1).to_numpy() >= ends  # NaT: no new rows
+        cached = cached[~moved & cached.index.isin(merged.index)]
     return WindowState(still, history, max_event_time, cached), closing.reset_index(drop=True)
 
 
@@ -154,7 +159,7 @@ def profiled(
 ) -> tuple[pd.DataFrame, WindowState]:
     """The profiles of ``windows`` against ``state.history`` (indexed like ``windows``), taken
     from ``state.profiles`` where there and computed for the rest; and the state keeping those
-    of its open windows for the next batch. No windows, no columns: nothing reads them."""
+    of its open windows only. No windows, no columns: nothing reads them."""
     if windows.empty:
         return pd.DataFrame(index=windows.index), state
     keys = pd.MultiIndex.from_frame(windows[FEATURE_KEYS])
@@ -398,9 +403,9 @@ class FeaturesBatchWriter:
                                  watermark_s=self.watermark_s,
                                  min_events=self.rules.default.min_events)  # fmt: skip
         model = self.scorer.current(scored_columns(windows.columns)) if self.scorer else None
+        # The closing windows' first: ``profiled`` keeps only the open windows' profiles.
+        closing_prof, state = profiled(state, closing, self.spec)
         prof, state = profiled(state, changed, self.spec)
-        # Afresh: a window closing now may read another the batch closes before it.
-        closing_prof = profiles(closing, state.history, self.spec) if len(closing) else None
         scoring = rows_to_score(closing, state.history, self.spec, closing_prof)
         alerts = detect(changed, scoring, state.history, model=model, rules=self.rules,
                         spec=self.spec, prof=prof)  # fmt: skip

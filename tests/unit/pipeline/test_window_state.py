@@ -56,11 +56,13 @@ def test_thin_windows_close_but_teach_the_profile_nothing() -> None:
 
 
 def test_profiles_kept_from_earlier_batches_are_the_ones_computed_afresh() -> None:
-    """Two devices, windows of 10 minutes every 5, one batch a minute for an hour: each batch's
-    profiles, partly taken from the state, equal those computed from scratch against the same
-    history. d1's levels change every window, so a profile kept after d1's history grew differs."""
-    state, spec, reused = WindowState.empty(), ProfileSpec(), 0
-    for minute in range(60):
+    """Two devices, windows of 10 minutes every 5, one batch a minute for an hour with ten
+    minutes of silence in it: each batch's profiles of its changed and of its closing windows,
+    partly taken from the state, equal those computed from scratch against the same history.
+    d1's levels change every window, so a profile kept after d1's history grew differs. After
+    the silence one batch closes three windows of each device, the last reading the first."""
+    state, spec, reused, closing_reused = WindowState.empty(), ProfileSpec(), 0, 0
+    for minute in [*range(40), *range(50, 70)]:
         rows = []
         for device, level in (("d1", 1.0 + minute), ("d2", 5.0)):
             for start in (minute // 5 * 5 - 5, minute // 5 * 5):
@@ -68,11 +70,20 @@ def test_profiles_kept_from_earlier_batches_are_the_ones_computed_afresh() -> No
                 row.update({name: level for name in HISTORY_COLUMNS if name.endswith("_mean")})
                 rows.append(row)
         changed = pd.DataFrame(rows)
-        state, _ = advance(state, changed, spec=spec, watermark_s=300, min_events=3)
+        state, closing = advance(state, changed, spec=spec, watermark_s=300, min_events=3)
         reused += len(state.profiles)
+        if minute == 50:
+            assert sorted(closing["window_start"].unique()) == [
+                T0 + pd.Timedelta(minutes=m) for m in (25, 30, 35)]  # fmt: skip
+        if len(closing):
+            keys = pd.MultiIndex.from_frame(closing[["device_id", "window_start"]])
+            closing_reused += keys.isin(state.profiles.index).sum()
+            closing_prof, state = profiled(state, closing, spec)
+            assert_frame_equal(closing_prof, profiles(closing, state.history, spec))
         prof, state = profiled(state, changed, spec)
         assert_frame_equal(prof, profiles(changed, state.history, spec))
-    assert reused > 0 and len(state.history) > 10  # the cache served, and histories grew
+    # The cache served changed and closing windows, and histories grew.
+    assert reused > 0 and closing_reused > 0 and len(state.history) > 10
 
 
 def test_windows_with_no_valid_event_yet_close_nothing_and_have_a_profile() -> None:

@@ -35,7 +35,6 @@ from pyspark.sql import functions as F
 from infra import lake
 from pipeline import columns as col
 from pipeline.settings import PipelineSettings, seconds
-from pipeline.sinks import TABLE_PROPERTIES
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +126,9 @@ def table_properties(settings: PipelineSettings) -> dict[str, str]:
 
 def apply_table_properties(spark: SparkSession, settings: PipelineSettings) -> None:
     """Give the tables the pipeline writes the properties of ``table_properties``: those this
-    session creates from now on (session defaults) and those that exist, which also get their
-    own (``pipeline.sinks.TABLE_PROPERTIES``). Run it before the streaming queries start: a
-    table property is a metadata change, and a concurrent append fails on it
-    (``MetadataChangedException``), so maintenance itself never changes one.
+    session creates from now on (session defaults) and those that exist. Run it before the
+    streaming queries start: a table property is a metadata change, and a concurrent append fails
+    on it (``MetadataChangedException``), so maintenance itself never changes one.
     """
     wanted = table_properties(settings)
     for key, value in wanted.items():
@@ -143,8 +141,7 @@ def apply_table_properties(spark: SparkSession, settings: PipelineSettings) -> N
         # The table's metadata only (DESCRIBE DETAIL would also count its files: a job a table).
         shown = spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()
         properties = {row.key: row.value for row in shown}
-        own = {**wanted, **TABLE_PROPERTIES.get(name, {})}
-        changed = {k: v for k, v in own.items() if properties.get(k) != v}
+        changed = {k: v for k, v in wanted.items() if properties.get(k) != v}
         if changed:
             pairs = ", ".join(f"'{k}' = '{v}'" for k, v in changed.items())
             spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({pairs})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -29,16 +29,6 @@ CONTRACT_TABLES: dict[str, c.Columns] = {
     lake.FAST_ALERTS: c.FAST_ALERTS_COLUMNS,
 }
 PARTITIONED_BY: dict[str, tuple[str, ...]] = {lake.ALERTS: c.ALERTS_PARTITIONED_BY}
-AUTO_COMPACT = "delta.autoOptimize.autoCompact"
-# Delta properties a table is created with (and an older table given at start,
-# ``pipeline.maintenance.apply_table_properties``). Auto compaction: after a commit that leaves
-# 50 small files in a partition it wrote, Delta compacts that partition, in the writer's thread
-# (a failure is logged; the write stands). ``alerts`` gets a file per alert type and batch, and
-# the MERGE of each batch that closes windows reads every file that may hold their alerts: with
-# the files of half an hour at 25,000 devices, that read took most of the MERGE
-# (docs/PERFORMANCE.md). Not the tables of big appends (``telemetry``): compacting 50 of their
-# files would stall the query that wrote the 50th; the periodic maintenance compacts those.
-TABLE_PROPERTIES: dict[str, dict[str, str]] = {lake.ALERTS: {AUTO_COMPACT: "true"}}
 
 
 def driver_frame(spark: SparkSession, data: Any, schema: str | StructType) -> DataFrame:
@@ -50,16 +40,11 @@ def driver_frame(spark: SparkSession, data: Any, schema: str | StructType) -> Da
 
 
 def ensure_table(
-    spark: SparkSession,
-    path: str,
-    columns: c.Columns,
-    partitioned_by: tuple[str, ...] = (),
-    properties: Mapping[str, str] | None = None,
+    spark: SparkSession, path: str, columns: c.Columns, partitioned_by: tuple[str, ...] = ()
 ) -> None:
-    """Create an empty Delta table with the contract's schema (and partitioning and
-    ``properties``) unless one exists at ``path``; add the contract's columns an existing table
-    lacks (written by an older version: its rows hold null there), and rewrite, once, one
-    partitioned otherwise."""
+    """Create an empty Delta table with the contract's schema (and partitioning) unless one exists
+    at ``path``; add the contract's columns an existing table lacks (written by an older version:
+    its rows hold null there), and rewrite, once, one partitioned otherwise."""
     if DeltaTable.isDeltaTable(spark, path):
         present = set(spark.read.format("delta").load(path).columns)
         missing = tuple((name, kind) for name, kind in columns if name not in present)
@@ -73,8 +58,6 @@ def ensure_table(
     # A commit of the schema alone: writing an empty DataFrame would run a job as well.
     schema = spark.createDataFrame([], c.spark_ddl(columns)).schema
     create = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-    for key, value in (properties or {}).items():
-        create = create.property(key, value)
     (create.partitionedBy(*partitioned_by) if partitioned_by else create).execute()
 
 
@@ -97,8 +80,7 @@ def _partition(spark: SparkSession, path: str, partitioned_by: tuple[str, ...]) 
 def ensure_tables(spark: SparkSession, lake_root: str) -> None:
     for table, columns in CONTRACT_TABLES.items():
         path = lake.table_path(lake_root, table)
-        ensure_table(spark, path, columns, PARTITIONED_BY.get(table, ()),
-                     TABLE_PROPERTIES.get(table))  # fmt: skip
+        ensure_table(spark, path, columns, PARTITIONED_BY.get(table, ()))
 
 
 def idempotent_append(

@@ -16,7 +16,6 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 
-from infra import contract as c
 from infra import lake as tables
 from pipeline.maintenance import active_files, apply_table_properties, maintain
 from pipeline.settings import PipelineSettings
@@ -78,18 +77,15 @@ def test_a_pipeline_start_gives_each_table_the_properties_of_its_settings(
 ) -> None:
     from pipeline import job
     from pipeline.maintenance import CHECKPOINT_INTERVAL, MAINTAINED, RETENTION
-    from pipeline.sinks import AUTO_COMPACT, CONTRACT_TABLES, ensure_table
+    from pipeline.sinks import CONTRACT_TABLES
 
     created = [t for t in MAINTAINED if t in CONTRACT_TABLES]  # the rest come with the queries
     assert created
 
-    def properties(table: str) -> tuple[str | None, ...]:
+    def properties(table: str) -> tuple[str | None, str | None]:
         path = tables.table_path(lake, table)
         shown = dict(spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect())
-        return shown.get(RETENTION), shown.get(CHECKPOINT_INTERVAL), shown.get(AUTO_COMPACT)
-
-    def expected(retention: str, interval: str, table: str) -> tuple[str | None, ...]:
-        return retention, interval, "true" if table == tables.ALERTS else None
+        return shown.get(RETENTION), shown.get(CHECKPOINT_INTERVAL)
 
     settings = PipelineSettings(
         lake_root=lake, checkpoint_root=str(tmp_path / "cp"), bootstrap_servers=bootstrap,
@@ -97,22 +93,18 @@ def test_a_pipeline_start_gives_each_table_the_properties_of_its_settings(
         mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}", vacuum_retention="48 hours",
         delta_checkpoint_interval=5,
     )  # fmt: skip
-    # An alerts table an older version created, without properties; the rest are new.
-    ensure_table(spark, tables.table_path(lake, tables.ALERTS), c.ALERTS_COLUMNS,
-                 c.ALERTS_PARTITIONED_BY)  # fmt: skip
-    assert properties(tables.ALERTS) == (None, None, None)
     try:
         job.prepare(spark, settings)  # a first start creates the tables
-        assert {t: properties(t) for t in created} == {
-            t: expected("interval 172800 seconds", "5", t) for t in created
-        }
+        assert {t: properties(t) for t in created} == dict.fromkeys(
+            created, ("interval 172800 seconds", "5")
+        )
         # A table the queries create later (their first write) takes them from the session, and
         # Delta checkpoints its log in the commit whose version is a multiple of the interval:
         # at 5, version 5 writes one (at Delta's default, 10, none would be there).
         changes = tables.table_path(lake, tables.FEATURE_CHANGES)
         for batch in range(6):  # versions 0 to 5
             windows(spark, 5 * batch, batch).write.format("delta").mode("append").save(changes)
-        assert properties(tables.FEATURE_CHANGES) == ("interval 172800 seconds", "5", None)
+        assert properties(tables.FEATURE_CHANGES) == ("interval 172800 seconds", "5")
         log = Path(changes) / "_delta_log"
         assert [p.name for p in log.glob("*.checkpoint.parquet")] == [
             "00000000000000000005.checkpoint.parquet"
@@ -121,9 +113,9 @@ def test_a_pipeline_start_gives_each_table_the_properties_of_its_settings(
         later = {"vacuum_retention": "96 hours", "delta_checkpoint_interval": 50}
         job.prepare(spark, settings.model_copy(update=later))
         again = [*created, tables.FEATURE_CHANGES]
-        assert {t: properties(t) for t in again} == {
-            t: expected("interval 345600 seconds", "50", t) for t in again
-        }
+        assert {t: properties(t) for t in again} == dict.fromkeys(
+            again, ("interval 345600 seconds", "50")
+        )
     finally:
         unset_table_defaults(spark)
 
@@ -186,30 +178,3 @@ def test_maintenance_beside_a_writer_never_fails_its_appends(spark: Any, lake: s
     writer.join()
     assert not errors, errors[0]
     assert spark.read.format("delta").load(path).count() == 9 * 3
-
-
-def test_the_alerts_table_compacts_its_small_files_as_they_come(spark: Any, lake: str) -> None:
-    """Every detection batch appends a small file per alert type, and a closing batch's MERGE
-    reads the files of the windows it closes: Delta compacts a partition's small files after the
-    commit that brings them to 50, with no row changed. Without it, 60 appends leave 60 files."""
-    import pandas as pd
-
-    from pipeline.alerts import TABLE_COLUMNS, to_spark
-    from pipeline.sinks import append, ensure_tables
-
-    ensure_tables(spark, lake)
-    path = tables.table_path(lake, tables.ALERTS)
-    start = pd.Timestamp(T0)
-    for batch in range(60):
-        row = {name: None for name in TABLE_COLUMNS}
-        row.update({"alert_id": f"a{batch}", "device_id": f"d{batch}", "alert_type": "flood",
-                    "severity": "high", "score": 0.9, "reasons": ["flood"],
-                    "window_start": start, "window_end": start + pd.Timedelta(minutes=10),
-                    "status": "raised", "detected_at": start, "batch_id": batch})  # fmt: skip
-        append(to_spark(spark, pd.DataFrame([row])), path, rows=1)
-    table = DeltaTable.forPath(spark, path)
-    operations = [r.operation for r in table.history().collect()]
-    assert operations.count("OPTIMIZE") == 1 and operations.count("WRITE") == 60
-    assert active_files(table) == 1 + 10  # the 50 compacted into one, and the 10 since
-    ids = {r.alert_id for r in spark.read.format("delta").load(path).select("alert_id").collect()}
-    assert ids == {f"a{batch}" for batch in range(60)}

@@ -406,6 +406,7 @@ class FeaturesBatchWriter:
         # The closing windows' first: ``profiled`` keeps only the open windows' profiles.
         closing_prof, state = profiled(state, closing, self.spec)
         prof, state = profiled(state, changed, self.spec)
+        laps("state and profiles")
         scoring = rows_to_score(closing, state.history, self.spec, closing_prof)
         alerts = detect(changed, scoring, state.history, model=model, rules=self.rules,
                         spec=self.spec, prof=prof)  # fmt: skip
@@ -413,7 +414,7 @@ class FeaturesBatchWriter:
         last_word = judge(closing, state.history, rules=self.rules, spec=self.spec,
                           prof=closing_prof)  # fmt: skip
         stale = self.written.stale(closing, last_word, RULE_TYPES)
-        laps("detect")
+        laps("rules and model")
 
         def append_closed() -> None:
             closed = driver_frame(spark, closing[windows.columns], windows.schema)

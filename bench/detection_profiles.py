@@ -16,7 +16,8 @@ those it changed are computed both ways, in turns:
 - **kept**: ``pipeline.detection.profiled``, as the detection batch does, which takes them from
   the state where the history they read has not changed since.
 
-Run against an older checkout (``PYTHONPATH``) to compare how much the state kept then.
+To compare with older code, run this file from that checkout's folder (Python imports the
+``pipeline`` package of the current folder first).
 
 Prints, per kind of batch (closing windows or not), the median time of each way and of the
 whole series; both ways must give the same profiles (checked on every batch). The metric values

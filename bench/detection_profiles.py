@@ -16,8 +16,8 @@ those it changed are computed both ways, in turns:
 - **kept**: ``pipeline.detection.profiled``, as the detection batch does, which takes them from
   the state where the history they read has not changed since.
 
-To compare with older code, run this file from that checkout's folder (Python imports the
-``pipeline`` package of the current folder first).
+To compare with older code, put that checkout first on the path: in its folder,
+``PYTHONPATH=. /path/to/this/.venv/bin/python /path/to/this/bench/detection_profiles.py``.
 
 Prints, per kind of batch (closing windows or not), the median time of each way and of the
 whole series; both ways must give the same profiles (checked on every batch). The metric values

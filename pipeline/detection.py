@@ -73,10 +73,11 @@ class WindowState:
     """Open windows (latest state) and closed history, as of the last committed batch.
 
     ``profiles`` keeps the profiles (``pipeline.profiles.profiles``) computed for open windows,
-    keyed like ``open``: a window's profile reads only its device's closed windows that ended
-    by its start, so it changes only when such a window closes. Most of a batch's changed
-    windows were changed by the batch before, and a window closing now was open before, so
-    most profiles are found here (``profiled``).
+    keyed like ``open`` (after ``advance``, also those of the windows closing in the batch): a
+    window's profile reads only its device's history windows that ended by its start, so it
+    changes only when such a window joins the history. Most of a batch's changed windows were
+    changed by the batch before, and a window closing now was open before, so most profiles
+    are found here (``profiled``).
     """
 
     open: pd.DataFrame

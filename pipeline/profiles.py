@@ -26,6 +26,7 @@ than half the device's usual number of events (``fill``), is not scored by the m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -68,6 +69,7 @@ _CLIP = 50.0
 _IQR_TO_SIGMA = 1.349
 _MAD_TO_SIGMA = 1.4826
 OUTLIER_K = 3.0
+Level = TypeVar("Level", pd.Series, np.ndarray)
 
 
 def learned_varies(metric: str) -> str:
@@ -104,24 +106,75 @@ def observed_rate(windows: pd.DataFrame) -> pd.Series:
     return rate.where(span_s > 0).astype("float64")
 
 
-def _floor(level: pd.Series) -> pd.Series:
+def _floor(level: Level) -> Level:
     """The smallest spread a level is measured against: a constant reading (a spread of 0)
     must not turn every change into an infinite z-score."""
-    return 1e-3 * level.abs() + 1e-3
+    return 1e-3 * abs(level) + 1e-3
 
 
-def _inlier_level(pairs: pd.DataFrame, metric: str) -> pd.Series:
-    """Per history window, whether its level of ``metric`` is within OUTLIER_K robust standard
-    deviations of the profile's median level: a spike or dip that lasted a few windows must not
-    become the normal the next windows are compared with."""
-    rows = pairs["_row"]
-    mean = pairs[f"{metric}_mean"]
-    center = mean.groupby(rows).transform("median")
-    distance = (mean - center).abs()
-    mad = distance.groupby(rows).transform("median")
-    within = pairs[f"{metric}_std"].groupby(rows).transform("median")
-    scale = pd.concat([mad * _MAD_TO_SIGMA, within, _floor(center)], axis=1).max(axis=1)
-    return distance <= OUTLIER_K * scale
+# Per history window, the columns whose medians make a profile (``profiles``).
+_MEDIANS = (
+    col.EVENT_COUNT, "observed_rate", "power_ratio_mean",
+    *(f"{m}_{s}" for m in PROFILE_METRICS for s in ("mean", "std", "range", "distinct_share")),
+)  # fmt: skip
+_STATS = ("mean", "std", "range", "distinct_share")  # what an outlying level takes out
+
+
+def _quantiles(values: np.ndarray, qs: tuple[float, ...]) -> list[np.ndarray]:
+    """Per row of ``values`` (NaN: no value), its quantiles ``qs``, interpolated linearly
+    between the two nearest values as pandas' groupby quantile does; a median of an even count
+    is the mean of the middle two, as pandas' groupby median gives it. NaN where a row has no
+    value."""
+    if values.shape[1] == 0:
+        return [np.full(len(values), np.nan) for _ in qs]
+    ordered = np.sort(values, axis=1)  # NaN last
+    count = np.count_nonzero(~np.isnan(values), axis=1)
+    last = np.maximum(count - 1, 0)
+    out = []
+    for q in qs:
+        position = q * last
+        low = np.floor(position).astype(np.int64)
+        high = np.minimum(low + 1, last)
+        below = np.take_along_axis(ordered, low[:, None], axis=1)[:, 0]
+        above = np.take_along_axis(ordered, high[:, None], axis=1)[:, 0]
+        if q == 0.5:
+            result = (below + np.where(count % 2 == 0, above, below)) / 2
+        else:
+            result = below + (above - below) * (position - low)
+        out.append(np.where(count > 0, result, np.nan))
+    return out
+
+
+def _median(values: np.ndarray) -> np.ndarray:
+    return _quantiles(values, (0.5,))[0]
+
+
+def _pairs(windows: pd.DataFrame, hist: pd.DataFrame, spec: ProfileSpec) -> np.ndarray:
+    """Per row of ``windows``, the rows of ``hist`` its profile reads (its device's windows that
+    ended by its start and started within ``span_s`` before it): an array of ``hist`` row
+    numbers, one row per window and as many columns as the most any window reads, -1 where a
+    window reads fewer."""
+    codes, devices = pd.factorize(hist["device_id"])
+    own = pd.Index(devices).get_indexer(windows["device_id"])
+    starts = hist[col.WINDOW_START].to_numpy("datetime64[ns]")
+    # History rows in (device, start) order; each (device, start) a single sortable number.
+    times = np.unique(starts)
+    order = np.lexsort((starts, codes))
+    stride = len(times) + 1
+    keys = codes[order] * stride + np.searchsorted(times, starts[order])
+    at = windows[col.WINDOW_START].to_numpy("datetime64[ns]")
+    span = np.timedelta64(int(spec.span_s * 1e9), "ns")
+    first = np.searchsorted(keys, own * stride + np.searchsorted(times, at - span), "left")
+    # A window that ended by ``at`` started before it.
+    stop = np.searchsorted(keys, own * stride + np.searchsorted(times, at), "left")
+    reads = np.where(own >= 0, stop - first, 0)
+    width = int(reads.max()) if len(reads) else 0
+    step = np.arange(width)
+    rows = order[np.minimum(first[:, None] + step, len(order) - 1)] if len(order) else (
+        np.zeros((len(windows), 0), dtype=np.int64))  # fmt: skip
+    ends = hist[col.WINDOW_END].to_numpy("datetime64[ns]")
+    inside = (step < reads[:, None]) & (ends[rows] <= at[:, None])
+    return np.where(inside, rows, -1)
 
 
 def profiles(windows: pd.DataFrame, history: pd.DataFrame, spec: ProfileSpec) -> pd.DataFrame:
@@ -131,35 +184,46 @@ def profiles(windows: pd.DataFrame, history: pd.DataFrame, spec: ProfileSpec) ->
 
     Output: indexed like ``windows``; ``profile_windows`` (0 when the device has none) and the
     medians and spreads named ``h_<column>_<stat>``, NaN where there is no history.
+
+    In numpy, one row per window and a column per history window it reads: a batch that closes
+    windows asks for the profiles of every device's next two windows, each reading up to two
+    hours of history, and pandas' groupby took seconds of the batch (docs/PERFORMANCE.md,
+    session 71).
     """
-    keys = windows[["device_id", col.WINDOW_START]].reset_index(names="_row")
-    hist = _typed(history).rename(columns={col.WINDOW_START: "_h_start"})
-    pairs = keys.merge(hist, on="device_id", how="inner")
-    start = pairs[col.WINDOW_START]
-    keep = (pairs[col.WINDOW_END] <= start) & (
-        pairs["_h_start"] >= start - pd.Timedelta(seconds=spec.span_s)
+    hist = _typed(history).reset_index(drop=True)
+    for m in PROFILE_METRICS:
+        hist[f"{m}_range"] = hist[f"{m}_max"] - hist[f"{m}_min"]
+    hist["observed_rate"] = observed_rate(hist)
+    rows = _pairs(windows, hist, spec)
+    missing = rows < 0
+
+    def read(name: str) -> np.ndarray:
+        values = hist[name].to_numpy("float64")[np.maximum(rows, 0)] if len(hist) else (
+            np.full(rows.shape, np.nan))  # fmt: skip
+        values[missing] = np.nan
+        return values
+
+    columns = {name: read(name) for name in _MEDIANS}
+    for m in PROFILE_METRICS:
+        # A history window whose level lies more than OUTLIER_K robust standard deviations
+        # from the others' leaves this metric's profile: a spike or dip that lasted a few
+        # windows must not become the normal the next windows are compared with.
+        level = columns[f"{m}_mean"]
+        center = _median(level)
+        distance = np.abs(level - center[:, None])
+        within = _median(columns[f"{m}_std"])
+        scale = np.fmax(np.fmax(_median(distance) * _MAD_TO_SIGMA, within), _floor(center))
+        with np.errstate(invalid="ignore"):
+            outlying = ~(distance <= OUTLIER_K * scale[:, None])
+        for stat in _STATS:
+            columns[f"{m}_{stat}"] = np.where(outlying, np.nan, columns[f"{m}_{stat}"])
+    out = pd.DataFrame(
+        {f"h_{name}_med": _median(columns[name]) for name in _MEDIANS}, index=windows.index
     )
-    pairs = pairs[keep]
     for m in PROFILE_METRICS:
-        pairs[f"{m}_range"] = pairs[f"{m}_max"] - pairs[f"{m}_min"]
-    pairs["observed_rate"] = observed_rate(pairs)
-    for m in PROFILE_METRICS:
-        inlier = _inlier_level(pairs, m)
-        for stat in ("mean", "std", "range", "distinct_share"):
-            pairs[f"{m}_{stat}"] = pairs[f"{m}_{stat}"].where(inlier)
-    medians = [
-        col.EVENT_COUNT, "observed_rate", "power_ratio_mean",
-        *(f"{m}_{s}" for m in PROFILE_METRICS for s in ("mean", "std", "range", "distinct_share")),
-    ]  # fmt: skip
-    grouped = pairs.groupby("_row")
-    out = grouped[medians].median().add_prefix("h_").add_suffix("_med")
-    means = [f"{m}_mean" for m in PROFILE_METRICS]
-    iqr = grouped[means].quantile(0.75) - grouped[means].quantile(0.25)
-    out = out.join(iqr.add_prefix("h_").add_suffix("_iqr"))
-    out[PROFILE_WINDOWS] = grouped.size()
-    out = out.reindex(range(len(windows)))
-    out[PROFILE_WINDOWS] = out[PROFILE_WINDOWS].fillna(0).astype("int64")
-    out.index = windows.index
+        low, high = _quantiles(columns[f"{m}_mean"], (0.25, 0.75))
+        out[f"h_{m}_mean_iqr"] = high - low
+    out[PROFILE_WINDOWS] = (~missing).sum(axis=1).astype("int64")
     return out
 
 

@@ -12,9 +12,10 @@ windows a profile reads (``pipeline.profiles``). Nothing is rewritten per batch:
 batch changed are appended to ``feature_changes`` (a changelog: the latest row per window is its
 current state), the windows it closed are appended once to ``features`` (final rows), and an
 alert is written when raised and once more, with its final values, when its window closes (or
-marked withdrawn, when the finished window no longer calls for it: ``pipeline.alerts``). At
-start the state is rebuilt from those two tables, so a batch replayed after a crash finds the
-state its first attempt found, and decides the same.
+marked withdrawn, when the finished window no longer calls for it: ``pipeline.alerts``). What
+a batch closed is scored, judged and written after it has returned, beside the next batch
+(``FeaturesBatchWriter``). At start the state is rebuilt from those two tables, so a batch
+replayed after a crash finds the state its first attempt found, and decides the same.
 """
 
 from __future__ import annotations
@@ -88,6 +89,19 @@ class WindowState:
     @classmethod
     def empty(cls) -> WindowState:
         return cls(pd.DataFrame(), pd.DataFrame(columns=list(HISTORY_COLUMNS)), None)
+
+
+@dataclass(frozen=True)
+class Closed:
+    """What a batch hands to the writes of the windows it closed (``FeaturesBatchWriter``)."""
+
+    windows: pd.DataFrame  # their final states
+    profiles: pd.DataFrame  # their profiles (``profiled``), indexed like ``windows``
+    history: pd.DataFrame  # the closed windows a profile reads, as of the batch
+    model: LoadedModel | None  # the model as of the batch
+    batch_id: int
+    done: pd.Timestamp | None  # windows ending at or before this are closed
+    replay: bool  # the batch may be a replay (the first after a start): so may these writes
 
 
 def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
@@ -193,26 +207,6 @@ def rows_to_score(
     relative = relative_features(closing, prof, spec)
     ready = scorable(relative, spec).to_numpy()
     return pd.concat([closing[ready], relative[ready]], axis=1).reset_index(drop=True)
-
-
-def detect(
-    changed: pd.DataFrame,
-    scoring: pd.DataFrame,
-    history: pd.DataFrame,
-    *,
-    model: LoadedModel | None,
-    rules: RuleThresholds,
-    spec: ProfileSpec,
-    prof: pd.DataFrame | None = None,
-) -> pd.DataFrame:
-    """Rule alerts on the ``changed`` windows (against their device's profile from
-    ``history``, or ``prof`` when already computed), model alerts on the ``scoring`` rows
-    (pure; the stream and tests)."""  # fmt: skip
-    found = [judge(changed, history, rules=rules, spec=spec, prof=prof)]
-    if model is not None and len(scoring):
-        found.append(model_alerts(scoring, model.score(scoring), model))
-    found = [f for f in found if len(f)]
-    return pd.concat(found, ignore_index=True) if found else empty_alerts()
 
 
 def judge(
@@ -326,18 +320,25 @@ def _read(spark: SparkSession, lake_root: str, name: str) -> DataFrame | None:
 class FeaturesBatchWriter:
     """``foreachBatch`` function of the detection query (update mode: the windows that changed).
 
-    Writes the new alerts, then the final values of the alerts whose window this batch closed
-    (``write_alerts``), beside the windows that changed, to ``feature_changes``, and returns.
-    The windows it closed go, once, to ``features`` while Spark runs the next batch
-    (``AfterBatch``).
+    Writes the rule alerts of the windows that changed (``write_alerts``) beside those windows,
+    to ``feature_changes``, and returns. The windows it closed are dealt with while Spark runs
+    the next batch (``AfterBatch``): the model scores them, the rules have their last word on
+    them, and their alerts are written (the model's new ones appended; the final values of the
+    others, and the withdrawn ones, MERGEd); then the windows go, once, to ``features``. In the
+    batch, scoring them and the MERGE stood between the next batch and its alerts; beside it,
+    they share the cores with it instead (docs/PERFORMANCE.md, session 71). The next batch
+    writes its alerts once those of the windows closed before are written: a MERGE beside an
+    append to its partitions fails (Delta checks a MERGE as serializable).
 
     Exactly once: the ``features`` append is keyed by the batch id, so a replay writes nothing
     twice there; a replay's ``feature_changes`` rows, if its first attempt had written them,
     repeat them, and every reader keeps one row per window (the latest batch's). The
     ``feature_changes`` append marks the batch as done for ``load_state``; a window it shows
-    closed that ``features`` lacks (the process died after the batch) is closed again by the
-    next start's first batch (final values again: the same). A batch replayed from the state
-    its window changes leave raises the same alerts and writes those the table lacks.
+    closed that ``features`` lacks (the process died after the batch, before or within its
+    closed windows' writes) is closed again by the next start's first batch: scored and judged
+    again (the same values: a window's profile reads only windows that ended before it began),
+    its alerts written where the table lacks or differs. A batch replayed from the state its
+    window changes leave raises the same alerts and writes those the table lacks.
     """
 
     lake_root: str
@@ -356,7 +357,7 @@ class FeaturesBatchWriter:
     written: WrittenAlerts | None = None
     # A batch and ``finish`` never run side by side, even if a stop returned early.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    # The write a batch leaves to run after it has returned (its closed windows).
+    # What a batch leaves to run after it has returned (its closed windows).
     _after: AfterBatch = field(default_factory=AfterBatch, repr=False)
     _named: bool = field(default=False, repr=False)  # app_id carries the checkpoint's id
 
@@ -408,19 +409,22 @@ class FeaturesBatchWriter:
         closing_prof, state = profiled(state, closing, self.spec)
         prof, state = profiled(state, changed, self.spec)
         laps("state and profiles")
-        scoring = rows_to_score(closing, state.history, self.spec, closing_prof)
-        alerts = detect(changed, scoring, state.history, model=model, rules=self.rules,
-                        spec=self.spec, prof=prof)  # fmt: skip
-        # The rules' last word on the windows this batch closes: the values their alerts keep.
-        last_word = judge(closing, state.history, rules=self.rules, spec=self.spec,
-                          prof=closing_prof)  # fmt: skip
-        stale = self.written.stale(closing, last_word, RULE_TYPES)
-        laps("rules and model")
+        alerts = judge(changed, state.history, rules=self.rules, spec=self.spec, prof=prof)
+        laps("rules")
+        written = self.written
+        self._after.check()  # the last closing batch's writes did not fail
+        replay: list[bool] = []
 
-        def append_closed() -> None:
-            closed = driver_frame(spark, closing[windows.columns], windows.schema)
-            idempotent_append(closed, path(lake.FEATURES), f"{self.app_id}-features", batch_id,
-                              rows=len(closing), merge_schema=True)  # fmt: skip
+        def write_new_alerts() -> None:
+            # Those of the windows closed before first (see the class docstring).
+            waited = self._after.wait_first()
+            # The first batch after a start may be a replay, its closed windows' writes too.
+            replay.append(written.after_start)
+            write_alerts(spark, alerts, empty_alerts(), path=path(lake.ALERTS), batch_id=batch_id,
+                         written=written, publish=self.publish)  # fmt: skip
+            if waited > 0.05:
+                log.debug("detection batch %d waited %.2f s for the last closed windows' alerts",
+                          batch_id, waited)  # fmt: skip
 
         def write_changes() -> None:
             # No transaction id (``append``): a replay's rows are the same as the first
@@ -431,33 +435,50 @@ class FeaturesBatchWriter:
                        path(lake.FEATURE_CHANGES), rows=len(received),
                        merge_schema=True)  # fmt: skip
 
-        written = self.written
-        self._after.check()  # the last closing batch's append to ``features`` did not fail
-
-        def write_new_alerts() -> None:
-            write_alerts(spark, alerts, last_word, path=path(lake.ALERTS), batch_id=batch_id,
-                         written=written, stale=stale, publish=self.publish)  # fmt: skip
-
         # The window changes mark the batch done (``load_state``). They may land before the
         # alerts: a batch replayed after a crash between the two raises the same alerts from
         # the same windows, and writes those the table lacks (first batch after a start).
         took = side_by_side(write_new_alerts, write_changes)
         laps("alerts {:.2f} s beside window changes {:.2f} s, both".format(*took))
-        # The windows this batch closed go to ``features`` after it has returned, beside the
-        # next batch: nothing an analyst waits for. If the process dies first, the next start
-        # finds them closed in ``feature_changes`` but not in ``features``, and closes them
-        # again (``load_state``). The alerts' MERGE above stays in the batch: one beside the
-        # next batch's append to ``alerts`` would fail (Delta checks a MERGE as serializable),
-        # and waiting for it there would put it between that batch and its alerts.
         if len(closing):
-            self._after.start(spark, f"detection batch {batch_id}: closed windows' append",
-                              append_closed)  # fmt: skip
+            closed = Closed(closing, closing_prof, state.history, model, batch_id,
+                            self._done(state), replay[0])  # fmt: skip
+            schema = windows.schema
+
+            def append_closed() -> None:
+                frame = driver_frame(spark, closing[schema.fieldNames()], schema)
+                idempotent_append(frame, path(lake.FEATURES), f"{self.app_id}-features",
+                                  batch_id, rows=len(closing), merge_schema=True)  # fmt: skip
+
+            self._after.start(spark, f"detection batch {batch_id}: {len(closing)} closed windows",
+                              partial(self._close, spark, closed), append_closed)  # fmt: skip
         log.debug("detection batch %d: %d windows changed, %d closed, %d alerts; %s", batch_id,
                   len(changed), len(closing), len(alerts), laps)  # fmt: skip
         self.state = state
-        done = self._done(state)
-        if done is not None:
-            self.written.forget_until(done)
+
+    def _close(self, spark: SparkSession, closed: Closed) -> None:
+        """The windows a batch closed: the model's alerts on them and the rules' last word, then
+        their alerts written (``write_alerts``); run after the batch (``AfterBatch``)."""
+        assert self.written is not None
+        laps = Laps()
+        closing, prof, model = closed.windows, closed.profiles, closed.model
+        scoring = rows_to_score(closing, closed.history, self.spec, prof)
+        found = (model_alerts(scoring, model.score(scoring), model)
+                 if model is not None and len(scoring) else empty_alerts())  # fmt: skip
+        laps("model")
+        # The rules' last word on the closed windows: the values their alerts keep.
+        last_word = judge(closing, closed.history, rules=self.rules, spec=self.spec, prof=prof)
+        stale = self.written.stale(closing, last_word, RULE_TYPES)
+        laps("rules")
+        self.written.after_start = closed.replay
+        write_alerts(spark, found, last_word, path=lake.table_path(self.lake_root, lake.ALERTS),
+                     batch_id=closed.batch_id, written=self.written, stale=stale,
+                     publish=self.publish)  # fmt: skip
+        laps("alerts")
+        if closed.done is not None:
+            self.written.forget_until(closed.done)
+        log.debug("detection batch %d closed %d windows, %d model alerts; %s", closed.batch_id,
+                  len(closing), len(found), laps)  # fmt: skip
         if self.on_scoring is not None:
             self.on_scoring(scoring)
 

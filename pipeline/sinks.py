@@ -171,14 +171,15 @@ def side_by_side(*writes: Callable[[], None]) -> list[float]:
 
 
 class AfterBatch:
-    """A write a micro-batch leaves to run after it has returned, on a thread of its own; one at
-    a time, in batch order (``start`` first waits for the last one).
+    """Writes a micro-batch leaves to run after it has returned, in order, on a thread of their
+    own; one batch's at a time, in batch order (``start`` first waits for the last ones).
 
     Spark runs the next batch once ``foreachBatch`` returns, and cancels the query's job group
-    when it stops: the write runs in a job group of its own (the query's, with
-    ``JOB_GROUP_SUFFIX``), so that a stop does not cut it; the stop waits for it (``wait``). A
-    failed write fails every later ``wait`` and ``start``: the next batch stops the query, and
-    the next start does again what the write would have done (``pipeline.detection``).
+    when it stops: the writes run in a job group of their own (the query's, with
+    ``JOB_GROUP_SUFFIX``), so that a stop does not cut them; the stop waits for them (``wait``).
+    The next batch may wait for the first of them only (``wait_first``). A failed write fails
+    every later wait and ``start``: the next batch stops the query, and the next start does again
+    what the writes would have done (``pipeline.detection``).
     """
 
     JOB_GROUP_SUFFIX = " after its batch"
@@ -186,31 +187,50 @@ class AfterBatch:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._first = threading.Event()
+        self._first.set()
 
-    def start(self, spark: SparkSession, what: str, write: Callable[[], None]) -> None:
-        """Run ``write`` once the last one is done; the debug log says ``what`` and its seconds."""
+    def start(self, spark: SparkSession, what: str, *writes: Callable[[], None]) -> None:
+        """Run ``writes`` one after the other, each once the one before it succeeded, when the
+        last batch's are done; the debug log says ``what`` and their seconds."""
         self.wait()
         context = spark.sparkContext
         group = context.getLocalProperty("spark.jobGroup.id")
+        first = self._first = threading.Event()
 
         def run() -> None:
             if group:
                 context.setJobGroup(group + self.JOB_GROUP_SUFFIX, "a write after its batch")
-            began = time.perf_counter()
+            took = []
             try:
-                write()
+                for write in writes:
+                    began = time.perf_counter()
+                    write()
+                    took.append(f"{time.perf_counter() - began:.2f}")
+                    first.set()
             except BaseException as exc:  # raised by the next wait, in the batch's thread
                 self._error = exc
                 log.error("%s failed: %s", what, exc)
                 return
-            log.debug("%s, after it: %.2f s", what, time.perf_counter() - began)
+            finally:
+                first.set()  # after the error is recorded: a wait then raises it
+            log.debug("%s, after it: %s s", what, " + ".join(took))
 
         # InheritableThread carries Spark's thread-local properties (scheduler pool).
         self._thread = InheritableThread(target=run, name="after-batch", daemon=True)
         self._thread.start()
 
+    def wait_first(self) -> float:
+        """Return once the first of the last batch's writes is done (the others may still run),
+        with the seconds waited; raise if it (or an earlier one) failed."""
+        began = time.perf_counter()
+        self._first.wait()
+        self.check()
+        return time.perf_counter() - began
+
     def wait(self) -> None:
-        """Return once the last write is done; raise if it (or an earlier one) failed."""
+        """Return once the last writes are done; raise if one of them (or an earlier one)
+        failed."""
         if self._thread is not None:
             self._thread.join()
         self.check()

@@ -65,6 +65,8 @@ def test_model_alerts_carry_the_version_and_follow_the_alias(
         for query in pipeline.queries:
             query.processAllAvailable()
         pipeline.queries[1].processAllAvailable()
+        assert pipeline.detection is not None
+        pipeline.detection.settle()  # the closed windows' alerts are written after the batch
 
     def model_alerts() -> list[Any]:
         alerts = spark.read.format("delta").load(lake_table(lake, "alerts"))
@@ -101,6 +103,12 @@ def lake_table(root: str, name: str) -> str:
     return lake.table_path(root, name)
 
 
+def table_rows(spark: Any, root: str, name: str) -> list[Any]:
+    """A table's rows, sorted, without ``detected_at`` (when a run wrote them)."""
+    frame = spark.read.format("delta").load(lake_table(root, name))
+    return sorted(frame.drop("detected_at").collect())
+
+
 def test_a_device_registered_while_the_pipeline_runs_is_registered_in_the_next_windows(
     spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str, tmp_path: Path
 ) -> None:
@@ -119,6 +127,8 @@ def test_a_device_registered_while_the_pipeline_runs_is_registered_in_the_next_w
     detection = next(q for q in pipeline.queries if q.name == job.DETECTION)
 
     def rogue_windows() -> set[tuple[str, datetime]]:
+        assert pipeline.detection is not None
+        pipeline.detection.settle()  # the closed windows' alerts are written after the batch
         return {(a["device_id"], a["window_start"]) for a in table_alerts(lake).values()
                 if a["alert_type"] == "rogue_device"}  # fmt: skip
 
@@ -169,9 +179,11 @@ def test_replayed_batch_changes_no_alert(spark: Any, lake: str, tmp_path: Path) 
     writer = FeaturesBatchWriter(lake, ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent"))
 
     writer(features, 7)
+    writer.settle()  # its closed windows' alerts, after the batch
     alerts_path = lake_table(lake, "alerts")
     before = spark.read.format("delta").load(alerts_path).drop("detected_at").collect()
     writer(features, 7)  # the same micro-batch again, as after a crash
+    writer.settle()
     after = spark.read.format("delta").load(alerts_path).drop("detected_at").collect()
 
     assert len(before) > 0
@@ -191,6 +203,7 @@ def test_a_batch_replayed_after_a_crash_between_its_writes_adds_no_alert_twice(
     none = ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent")
     running = FeaturesBatchWriter(lake, none)
     running(rogue_device_windows(spark, lake, (0, 1)), 6)
+    running.settle()
     later = rogue_device_windows(spark, lake, (1, 2))
 
     def killed(*_args: Any, **_kwargs: Any) -> None:
@@ -204,7 +217,9 @@ def test_a_batch_replayed_after_a_crash_between_its_writes_adds_no_alert_twice(
     path = lake_table(lake, "alerts")
     before = Counter(r.alert_id for r in spark.read.format("delta").load(path).collect())
     # A restart: a new writer loads what the tables hold and Spark runs batch 7 again.
-    FeaturesBatchWriter(lake, none)(later, 7)
+    restarted = FeaturesBatchWriter(lake, none)
+    restarted(later, 7)
+    restarted.settle()
 
     after = Counter(r.alert_id for r in spark.read.format("delta").load(path).collect())
     assert len(before) > 6 and set(before.values()) == {1}
@@ -231,7 +246,9 @@ def test_a_batch_replayed_after_all_its_writes_changes_no_window_and_no_alert(
 
     alerts, windows = read("alerts"), sorted(window_states(spark, lake).collect())
     changes = read("feature_changes")
-    FeaturesBatchWriter(lake, none)(later, 7)  # a restart, and batch 7 again
+    restarted = FeaturesBatchWriter(lake, none)
+    restarted(later, 7)  # a restart, and batch 7 again
+    restarted.settle()
 
     assert read("alerts") == alerts
     assert sorted(window_states(spark, lake).collect()) == windows
@@ -247,6 +264,7 @@ CRASHES = [
     ("closes nothing", "new alerts", True),
     ("closes windows", "new alerts", True),
     ("closes windows", "window changes", True),
+    ("closes windows", "final values", False),
     ("closes windows", "final values", True),
     ("closes windows", "closed windows", False),
     ("closes windows", "closed windows", True),
@@ -258,10 +276,11 @@ def test_a_batch_killed_within_its_writes_leaves_the_tables_as_a_run_without_one
     spark: Any, lake: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     kind: str, dies_in: str, replayed: bool,
 ) -> None:  # fmt: skip
-    """A batch writes its new alerts, then the final values of the alerts of the windows it
-    closed, beside its window changes (which mark it done), and returns; the windows it closed
-    go to ``features`` after it. Killed in any of these writes, then started again (batch 7
-    again, or the next one), the pipeline leaves every table as a run that was never killed."""
+    """A batch writes its new alerts beside its window changes (which mark it done), and
+    returns; the alerts of the windows it closed (their final values MERGEd), then those
+    windows, go to ``alerts`` and ``features`` after it. Killed in any of these writes, then
+    started again (batch 7 again, or the next one), the pipeline leaves every table as a run
+    that was never killed."""
     from pipeline import alerts, detection
     from pipeline.detection import window_states
 
@@ -301,7 +320,7 @@ def test_a_batch_killed_within_its_writes_leaves_the_tables_as_a_run_without_one
         monkeypatch.setattr(*step, killed)
         try:
             running(batches[1], 7)
-            running.settle()  # the closed windows' append, after the batch
+            running.settle()  # the closed windows' writes, after the batch
         except RuntimeError as exc:
             assert "batch" in str(exc) or "killed" in str(exc.__cause__)
         monkeypatch.undo()
@@ -314,24 +333,87 @@ def test_a_batch_killed_within_its_writes_leaves_the_tables_as_a_run_without_one
         again(batches[2], 8)
         again.settle()
 
-    def rows(root: str, name: str) -> list[Any]:
-        frame = spark.read.format("delta").load(lake_table(root, name))
-        return sorted(frame.drop("detected_at").collect())
-
-    assert rows(lake, "alerts") == rows(reference, "alerts")
-    assert rows(lake, "features") == rows(reference, "features")
+    assert table_rows(spark, lake, "alerts") == table_rows(spark, reference, "alerts")
+    assert table_rows(spark, lake, "features") == table_rows(spark, reference, "features")
     assert sorted(window_states(spark, lake).collect()) == sorted(
         window_states(spark, reference).collect())  # fmt: skip
-    new = [r for r in rows(lake, "alerts") if r.batch_id == 7]
+    new = [r for r in table_rows(spark, lake, "alerts") if r.batch_id == 7]
     assert new, "batch 7 raised no alert: the test would see no lost alert"
     # Batch 6 closed the windows ending by 0:59:55, batch 7 those ending by its newest event
     # less the watermark (five minutes).
     naive = start.replace(tzinfo=None)
     newest = max(timedelta(minutes=64, seconds=55), timedelta(hours=1, seconds=30 * (later - 1)))
-    closed_by_7 = [r for r in rows(reference, "features")
+    closed_by_7 = [r for r in table_rows(spark, reference, "features")
                    if naive + timedelta(minutes=55) < r.window_end
                    <= naive + newest - timedelta(minutes=5)]  # fmt: skip
     assert bool(closed_by_7) == (kind == "closes windows")
+
+
+def test_a_batch_returns_before_its_closed_windows_alerts_and_the_next_waits_for_them(
+    spark: Any, lake: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch that closes windows returns while their alerts are still being written (the
+    final values' MERGE): the next batch runs meanwhile, and writes its own alerts once those
+    are written (an append beside the MERGE would fail it). The tables end as those of a run
+    whose MERGEs were quick."""
+    import threading
+
+    from pipeline import alerts
+
+    start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
+    # As in the test above: batch 7 closes the rogue device's first windows (their alerts'
+    # final values MERGEd) and raises alerts on a new window; batch 8 raises more.
+    first = [
+        device_series("rogue", start, 120),
+        device_series("other", start + timedelta(minutes=64, seconds=55), 1),
+    ]
+    then = [device_series("rogue", start + timedelta(hours=1), 40)]
+    last = [device_series("rogue", start + timedelta(hours=1, minutes=20), 20)]
+    none = ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent")
+    reference = str(tmp_path / "reference")
+    quick = FeaturesBatchWriter(reference, none)
+    for batch_id, rows in enumerate((first, then, last), start=6):
+        quick(windows_of(spark, reference, *rows), batch_id)
+    quick.settle()
+
+    batches = [windows_of(spark, lake, *rows) for rows in (first, then, last)]
+    writer = FeaturesBatchWriter(lake, none)
+    writer(batches[0], 6)
+    writer.settle()
+    merge, opened, merging = alerts.merge_alerts, threading.Event(), threading.Event()
+
+    def gated(spark: Any, rows: Any, path: str) -> None:
+        if len(rows):  # every write calls it, most with nothing to MERGE
+            merging.set()
+            assert opened.wait(120), "the test never let the MERGE go on"
+        merge(spark, rows, path)
+
+    monkeypatch.setattr(alerts, "merge_alerts", gated)
+    seventh = threading.Thread(target=writer, args=(batches[1], 7))
+    seventh.start()
+    seventh.join(60)
+    if seventh.is_alive():
+        opened.set()  # let it end
+        pytest.fail("batch 7 waited for its closed windows' MERGE to return")
+    assert merging.wait(60), "batch 7 MERGEd nothing: the test would see no wait"
+    table = lake_table(lake, "alerts")
+    versions = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").count()
+    eighth = threading.Thread(target=writer, args=(batches[2], 8))
+    eighth.start()
+    eighth.join(20)
+    # Batch 8 has its alerts, and waits for the MERGE to write them.
+    assert eighth.is_alive()
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{table}`").count() == versions
+    opened.set()
+    eighth.join(120)
+    assert not eighth.is_alive()
+    writer.settle()
+    monkeypatch.undo()
+
+    assert table_rows(spark, lake, "alerts") == table_rows(spark, reference, "alerts")
+    assert table_rows(spark, lake, "features") == table_rows(spark, reference, "features")
+    eighths = [r for r in table_rows(spark, lake, "alerts") if r.batch_id == 8]
+    assert eighths, "batch 8 raised no alert"
 
 
 def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_stops(
@@ -357,7 +439,7 @@ def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_s
     writer.finish(spark)  # the query stopped: open windows' alerts get their latest values
     assert last_event_times()[start] == start + timedelta(minutes=6)
     writer(rogue_device_windows(spark, lake, (0, 1)), 2)  # up to 08:59:30: 08:00-08:10 closed
-    writer.settle()  # its closed windows' append to features, after the batch
+    writer.settle()  # its closed windows' alerts and features, after the batch
     final = last_event_times()
     assert final[start] == start + timedelta(minutes=9, seconds=30)
     assert len(final) == 13  # one per window start, 07:55 to 08:55
@@ -409,7 +491,7 @@ def test_a_rule_alert_its_finished_window_does_not_call_for_is_withdrawn(
     assert stuck_alerts() == {(d, w): "raised" for d in ("stuck", "clean") for w in first}
     before_close = len(operations())
     writer(windows(recovers + constant), 1)  # to 08:59:30: both windows closed
-    writer.settle()  # its closed windows' append to features, after the batch
+    writer.settle()  # its closed windows' alerts and features, after the batch
     # The new alerts appended; final values and the withdrawal in one MERGE.
     assert operations()[before_close:] == ["WRITE", "MERGE"]
     after = stuck_alerts()
@@ -428,6 +510,7 @@ def test_a_rule_alert_its_finished_window_does_not_call_for_is_withdrawn(
         lake, ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent"), publish=publish
     )
     replayed(windows(recovers + constant), 1)
+    replayed.settle()
     assert sorted(table.collect()) == before
     assert len(topic_messages(bootstrap, topic)) == published
 
@@ -439,14 +522,18 @@ def test_windows_rebuilt_from_the_topic_raise_no_alert_twice(
 
     features = rogue_device_windows(spark, lake)
     none = ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent")
-    FeaturesBatchWriter(lake, none)(features, 0)
+    first = FeaturesBatchWriter(lake, none)
+    first(features, 0)
+    first.settle()
     path = lake_table(lake, "alerts")
     before = sorted(spark.read.format("delta").load(path).drop("detected_at").collect())
     # As after an upgrade (README): features tables and detection checkpoint deleted, the
     # windows rebuilt from the topic under a new checkpoint id.
     for table in ("features", "feature_changes"):
         shutil.rmtree(lake_table(lake, table))
-    FeaturesBatchWriter(lake, none, app_id="after-upgrade")(features, 0)
+    rebuilt = FeaturesBatchWriter(lake, none, app_id="after-upgrade")
+    rebuilt(features, 0)
+    rebuilt.settle()
 
     after = sorted(spark.read.format("delta").load(path).drop("detected_at").collect())
     assert len(before) > 0 and after == before
@@ -466,6 +553,7 @@ def test_an_unreadable_model_registry_leaves_the_rules_running_and_says_so_once(
     with caplog.at_level("ERROR", logger="pipeline.scoring"):
         writer(features, 1)
         writer(features, 2)
+        writer.settle()
 
     alerts = spark.read.format("delta").load(lake_table(lake, "alerts")).collect()
     assert {a.alert_type for a in alerts} == {"rogue_device"}
@@ -487,6 +575,7 @@ def test_a_model_that_cannot_score_leaves_the_rules_running_and_says_so_once(
     writer = FeaturesBatchWriter(lake, ModelScorer(mlflow_uri, MODEL))
 
     def alert_types() -> set[tuple[str, str | None]]:
+        writer.settle()  # the closed windows' alerts are written after the batch
         alerts = spark.read.format("delta").load(lake_table(lake, "alerts")).collect()
         return {(a.alert_type, a.model_version) for a in alerts}
 

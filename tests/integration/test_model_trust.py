@@ -58,6 +58,7 @@ def test_a_pickle_swapped_into_the_store_is_never_loaded_and_the_rules_run_on(
     writer = FeaturesBatchWriter(lake, ModelScorer(mlflow_uri, MODEL))
     with caplog.at_level("ERROR", logger="pipeline.scoring"):
         writer(rogue_device_windows(spark, lake), 1)
+        writer.settle()  # the closed windows' alerts are written after the batch
 
     assert not marker.exists(), "the pipeline unpickled a file changed after registration"
     assert alert_types(spark, lake) == {("rogue_device", None)}  # rules only
@@ -74,6 +75,7 @@ def test_an_unsigned_version_is_refused_until_signed(
     writer = FeaturesBatchWriter(lake, ModelScorer(mlflow_uri, MODEL))
     with caplog.at_level("ERROR", logger="pipeline.scoring"):
         writer(rogue_device_windows(spark, lake), 1)
+        writer.settle()  # the closed windows' alerts are written after the batch
     assert alert_types(spark, lake) == {("rogue_device", None)}
     errors = [r.getMessage() for r in caplog.records if r.name == "pipeline.scoring"]
     assert len(errors) == 1 and f"has no {DIGEST_TAG} tag" in errors[0], errors
@@ -84,6 +86,7 @@ def test_an_unsigned_version_is_refused_until_signed(
     assert models_cli.main(["models", "sign", version]) == 0
     assert f"version {version} signed (sha256)" in capsys.readouterr().out
     writer(rogue_device_windows(spark, lake, hours=(2, 3)), 2)
+    writer.settle()
     assert ("model_anomaly", version) in alert_types(spark, lake)
 
 

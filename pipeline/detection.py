@@ -336,7 +336,8 @@ class FeaturesBatchWriter:
     ``feature_changes`` append marks the batch as done for ``load_state``; a window it shows
     closed that ``features`` lacks (the process died after the batch, before or within its
     closed windows' writes) is closed again by the next start's first batch: scored and judged
-    again (the same values: a window's profile reads only windows that ended before it began),
+    again (the same values, a window's profile reading only windows that ended before it began,
+    unless the model's alias moved meanwhile),
     its alerts written where the table lacks or differs. A batch replayed from the state its
     window changes leave raises the same alerts and writes those the table lacks.
     """

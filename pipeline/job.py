@@ -628,8 +628,10 @@ def run_available_now(
         if pipeline.checks_firmware:
             readers.append(pipeline.start_firmware)
         _run_stage(pipeline, readers)
-        pipeline.finish_detection()
     finally:
+        # Also after a failure: what detection left to run after its last batch (the windows it
+        # closed) publishes and writes alerts, and must be done before the publisher closes.
+        pipeline.finish_detection()
         pipeline.flush_metrics()
         spark.streams.removeListener(pipeline.listener)
         if pipeline.publisher is not None:

@@ -313,7 +313,9 @@ def test_a_batch_killed_within_its_writes_leaves_the_tables_as_a_run_without_one
             continue
         running.settle()
 
-        def killed(*_args: Any, **_kwargs: Any) -> None:
+        def killed(*args: Any, **_kwargs: Any) -> None:
+            if dies_in == "final values" and not len(args[1]):
+                return  # a write with nothing to MERGE (the batch's own): no MERGE to kill
             called.append(True)
             raise RuntimeError("killed within batch 7's writes")
 

@@ -74,7 +74,7 @@ from pipeline.silence import (
     silence_changes,
     silence_input,
 )
-from pipeline.sinks import ensure_tables
+from pipeline.sinks import discard_unstarted_batch, ensure_tables
 from pipeline.sources import kafka_connection_options, kafka_source, raw_source
 from pipeline.transforms import (
     events_and_flagged,
@@ -222,6 +222,13 @@ class Pipeline:
     def checkpoint(self, query: str) -> str:
         return os.path.join(self.settings.checkpoint_root, query)
 
+    def _start_checkpoint(self, query: str) -> str:
+        """The checkpoint ``query`` starts from, without what a kill during its first batch left
+        (``discard_unstarted_batch``)."""
+        path = self.checkpoint(query)
+        discard_unstarted_batch(self.spark, path)
+        return path
+
     def _start(
         self,
         df: DataFrame,
@@ -231,7 +238,9 @@ class Pipeline:
         output_mode: str = "append",
     ) -> StreamingQuery:
         """Start ``df`` as query ``name``: its own checkpoint, the run's trigger, foreachBatch."""
-        writer = df.writeStream.queryName(name).option("checkpointLocation", self.checkpoint(name))
+        writer = df.writeStream.queryName(name).option(
+            "checkpointLocation", self._start_checkpoint(name)
+        )
         if self.settings.trigger == "available_now":
             writer = writer.trigger(availableNow=True)
         else:
@@ -360,7 +369,7 @@ class Pipeline:
             .options(**kafka_connection_options(s))
             .option("topic", s.alerts_topic)
             .option("kafka.linger.ms", "0")  # a pager waits for every message sent alone
-            .option("checkpointLocation", self.checkpoint(FAST_PATH))
+            .option("checkpointLocation", self._start_checkpoint(FAST_PATH))
             .outputMode("update")
         )
         # pyspark's type hints do not list realTime yet (Spark 4.1+ has it).
@@ -381,7 +390,7 @@ class Pipeline:
             rows.writeStream.queryName(FAST_LOG)
             .format("delta")
             .outputMode("append")
-            .option("checkpointLocation", self.checkpoint(FAST_LOG))
+            .option("checkpointLocation", self._start_checkpoint(FAST_LOG))
             .trigger(processingTime=trigger_interval(s, FAST_LOG))
             .start(lake.table_path(s.lake_root, lake.FAST_ALERTS))
         )

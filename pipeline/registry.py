@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 
 from infra import lake
+from pipeline.sinks import hadoop_path
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +114,5 @@ def _commit_file(path: str, version: int) -> str:
 
 
 def _exists(spark: SparkSession, file: str) -> bool:
-    """Whether ``file`` exists, through Spark's Hadoop file system (the lake's credentials)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(file)
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return bool(fs.exists(hadoop_path))
+    fs, path = hadoop_path(spark, file)
+    return bool(fs.exists(path))

@@ -139,6 +139,51 @@ def checkpoint_id(spark: SparkSession, checkpoint: str) -> str:
     return str(json.loads(line[0])["id"])
 
 
+def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """``path`` on Spark's Hadoop file system (the lake's credentials, any scheme): the file
+    system and the JVM ``Path``."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    where = jvm.org.apache.hadoop.fs.Path(path)
+    return where.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), where
+
+
+# What Spark requires empty in a checkpoint without a batch (see ``discard_unstarted_batch``).
+_BATCH_LOGS = ("offsets", "commits")
+_UNSTARTED = (*_BATCH_LOGS, "state")
+
+
+def discard_unstarted_batch(spark: SparkSession, checkpoint: str) -> list[str]:
+    """Delete what a query killed while it logged its first batch left in ``checkpoint``;
+    return the paths deleted (none for a checkpoint with a batch, or a new one).
+
+    Spark logs a batch's offsets into a temporary file that it then renames. A kill between the
+    two leaves ``offsets/`` holding only that file: Spark reads the checkpoint as a query not yet
+    started, finds ``offsets/`` not empty and refuses to start, at every start after
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). With no batch in ``offsets/`` nor in
+    ``commits/``, the query processed and committed nothing: its leftovers go and it starts at
+    batch 0, as it would have. ``metadata`` (the query's id, which names the appends'
+    txnAppId) and ``sources/`` (the starting offsets resolved at the first start) stay.
+    """
+    fs, root = hadoop_path(spark, checkpoint)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+
+    def entries(name: str) -> list[Any]:
+        folder = jvm.org.apache.hadoop.fs.Path(root, name)
+        return list(fs.listStatus(folder)) if fs.exists(folder) else []
+
+    if any(e.getPath().getName().isdigit() for log_ in _BATCH_LOGS for e in entries(log_)):
+        return []
+    left = [str(e.getPath()) for name in _UNSTARTED for e in entries(name)]
+    if left:
+        log.warning("%s holds no batch but %s: left by a query killed as it logged its first "
+                    "batch; deleted, the query starts at batch 0", checkpoint, left)  # fmt: skip
+        for name in _UNSTARTED:
+            fs.delete(jvm.org.apache.hadoop.fs.Path(root, name), True)
+    return left
+
+
 def side_by_side(*writes: Callable[[], None]) -> list[float]:
     """Run ``writes`` (to different tables) at the same time; return when all are done, with
     the seconds each took (for the debug log: which of them the batch waited for).

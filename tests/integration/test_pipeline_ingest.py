@@ -284,6 +284,44 @@ def test_a_deleted_ingest_checkpoint_loses_nothing_and_writes_nothing_twice(
     assert quarantine == {c.REASON_DUPLICATE: 3, c.REASON_INVALID_JSON: 2}
 
 
+def files_under(folder: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in folder.rglob("*") if f.is_file()}
+
+
+def test_queries_killed_as_they_logged_their_first_batch_start_again_and_started_ones_stay(
+    spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str, tmp_path: Path
+) -> None:
+    import uuid
+
+    from pipeline.sinks import discard_unstarted_batch
+
+    topic = make_topic(partitions=2)
+    write_registry(lake, ["dev-1"])
+    produce(bootstrap, topic, encoded(device_series("dev-1", datetime.now(timezone.utc)
+                                                    - timedelta(minutes=30), 30)))  # fmt: skip
+    # With the silence query: CI's kill loop caught it in this state.
+    settings = settings_for(lake, tmp_path, bootstrap_servers=bootstrap, topic=topic, silence=True)
+    # What a SIGKILL leaves between Spark's write of batch 0's offsets and its rename: the
+    # query's id, and a temporary file alone in offsets/ (Spark then refuses the checkpoint).
+    checkpoints = tmp_path / "checkpoints"
+    for query in (job.INGEST, job.SILENCE, job.DETECTION):
+        offsets = checkpoints / query / "offsets"
+        offsets.mkdir(parents=True)
+        (checkpoints / query / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}))
+        (offsets / f".0.{uuid.uuid4()}.tmp").write_text("v1\n")
+
+    job.run_available_now(spark, settings)
+
+    assert table(spark, lake, "telemetry").count() == 30
+    assert window_states(spark, lake).where("device_id = 'dev-1'").count() > 0
+    # A checkpoint with a batch is Spark's to resume: nothing in it changes.
+    for query in (job.INGEST, job.SILENCE, job.DETECTION):
+        (checkpoints / query / "offsets" / f".9.{uuid.uuid4()}.tmp").write_text("v1\n")
+        before = files_under(checkpoints / query)
+        assert discard_unstarted_batch(spark, str(checkpoints / query)) == []
+        assert files_under(checkpoints / query) == before
+
+
 def kafka_batch(spark: Any, bootstrap: str, topic: str, start: Any, end: Any) -> Any:
     """A micro-batch as the ingest query receives it: the topic's records from the offsets
     ``start`` to ``end`` (JSON per Spark's Kafka source), parsed."""

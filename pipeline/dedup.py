@@ -32,25 +32,60 @@ import numpy.typing as npt
 
 Int64s = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
+# How many chunks of arrival time the state is kept in (``SeenEvents``).
+SPANS = 8
 
 
 @dataclass(frozen=True)
 class _Chunk:
-    """Kept events added together, sorted by key for binary search."""
+    """Kept events, sorted by key for binary search."""
 
     keys: Int64s
     times: Int64s
     coords: Int64s
+    oldest: int
     newest: int
 
     @classmethod
     def of(cls, keys: Int64s, times: Int64s, coords: Int64s) -> _Chunk:
         order = np.argsort(keys, kind="stable")
-        return cls(keys[order], times[order], coords[order], int(times.max()))
+        return cls(keys[order], times[order], coords[order], int(times.min()), int(times.max()))
+
+    def span_with(self, other: _Chunk) -> int:
+        """The arrival times both chunks together cover."""
+        return max(self.newest, other.newest) - min(self.oldest, other.oldest)
+
+    def merged(self, other: _Chunk) -> _Chunk:
+        """Both chunks in one, still sorted by key: both are sorted already, so ``other``'s
+        rows are placed among these by binary search rather than sorted again."""
+        at = np.searchsorted(self.keys, other.keys, side="right")
+        at += np.arange(len(other.keys))
+        theirs = np.zeros(len(self.keys) + len(other.keys), dtype=bool)
+        theirs[at] = True
+
+        def interleave(mine: Int64s, their: Int64s) -> Int64s:
+            out = np.empty(len(theirs), dtype=np.int64)
+            out[theirs], out[~theirs] = their, mine
+            return out
+
+        return _Chunk(interleave(self.keys, other.keys), interleave(self.times, other.times),
+                      interleave(self.coords, other.coords), min(self.oldest, other.oldest),
+                      max(self.newest, other.newest))  # fmt: skip
+
+    def since(self, threshold: int) -> _Chunk | None:
+        """This chunk without the events that arrived before ``threshold`` (None: all did)."""
+        if self.newest < threshold:
+            return None
+        if self.oldest >= threshold:
+            return self
+        keep = self.times >= threshold
+        times = self.times[keep]
+        return _Chunk(self.keys[keep], times, self.coords[keep], int(times.min()), self.newest)
 
     def copies_of(self, keys: Int64s, coords: Int64s, threshold: int) -> Bools:
         """True where a row with the same key, other coordinates and a time at or after
-        ``threshold`` is in this chunk."""
+        ``threshold`` is in this chunk. ``keys`` sorted: the binary searches then walk the
+        chunk in order."""
         found = np.zeros(len(keys), dtype=bool)
         if len(self.keys) == 0:
             return found
@@ -66,7 +101,13 @@ class _Chunk:
 
 @dataclass
 class SeenEvents:
-    """The events kept within ``horizon_us`` of the newest one: the ingest's dedup state."""
+    """The events kept within ``horizon_us`` of the newest one: the ingest's dedup state.
+
+    A batch's new events come as a chunk sorted by key, merged into the chunk before it while
+    the two together arrived within ``horizon_us / SPANS``: a batch then searches about SPANS
+    chunks, not one per batch (180 for a 15-minute horizon and a batch every 5 s), and each
+    merge moves at most a ``SPANS``-th of the state.
+    """
 
     horizon_us: int
     newest: int | None = None
@@ -95,9 +136,13 @@ class SeenEvents:
         first_in_batch[by_order[first]] = True
         threshold = self.threshold(times)
         assert threshold is not None
-        copied = np.zeros(len(keys), dtype=bool)
+        by_key = np.argsort(keys)
+        sorted_keys, sorted_coords = keys[by_key], coords[by_key]
+        found = np.zeros(len(keys), dtype=bool)
         for chunk in self._chunks:
-            copied |= chunk.copies_of(keys, coords, threshold)
+            found |= chunk.copies_of(sorted_keys, sorted_coords, threshold)
+        copied = np.empty(len(keys), dtype=bool)
+        copied[by_key] = found
         return first_in_batch & ~copied
 
     def add(self, keys: Int64s, times: Int64s, coords: Int64s, batch_times: Int64s) -> None:
@@ -107,6 +152,12 @@ class SeenEvents:
         if threshold is None:
             return
         self.newest = threshold + self.horizon_us
-        if len(keys):
-            self._chunks.append(_Chunk.of(keys, times, coords))
-        self._chunks = [chunk for chunk in self._chunks if chunk.newest >= threshold]
+        chunks = [kept for chunk in self._chunks if (kept := chunk.since(threshold)) is not None]
+        recent = times >= threshold
+        if recent.any():
+            chunks.append(_Chunk.of(keys[recent], times[recent], coords[recent]))
+        span = self.horizon_us // SPANS
+        while len(chunks) >= 2 and chunks[-2].span_with(chunks[-1]) <= span:
+            last = chunks.pop()
+            chunks[-1] = chunks[-1].merged(last)
+        self._chunks = chunks

@@ -217,19 +217,18 @@ class IngestBatchWriter:
         laps = laps or Laps()
         batch = parsed.withColumn(_ROW, F.monotonically_increasing_id()).localCheckpoint(eager=True)
         laps("read and parse")
-        keys = (
-            batch.where(F.col(col.REASON).isNull())
-            .select(
-                _ROW,
-                event_key(F.col("event_id"), F.col("event_time")).alias("key"),
-                F.unix_micros(col.TIMESTAMP).alias("time"),
-                coord_key(F.col(col.TOPIC), F.col(col.PARTITION), F.col(col.OFFSET)).alias("coord"),
-                F.col(col.TOPIC).alias("topic"),
-                F.col(col.PARTITION).alias("partition"),
-                F.col(col.OFFSET).alias("offset"),
-            )
-            .toArrow()
-        )
+        # Every row, the invalid ones flagged: their number comes without a count of its own.
+        fetched = batch.select(
+            F.col(col.REASON).isNull().alias("valid"),
+            _ROW,
+            event_key(F.col("event_id"), F.col("event_time")).alias("key"),
+            F.unix_micros(col.TIMESTAMP).alias("time"),
+            coord_key(F.col(col.TOPIC), F.col(col.PARTITION), F.col(col.OFFSET)).alias("coord"),
+            F.col(col.TOPIC).alias("topic"),
+            F.col(col.PARTITION).alias("partition"),
+            F.col(col.OFFSET).alias("offset"),
+        ).toArrow()
+        keys = fetched.filter(fetched.column("valid"))
         laps("keys to the driver")
         rows, key, times, coord, partition, offset = (
             keys.column(name).to_numpy()
@@ -256,7 +255,7 @@ class IngestBatchWriter:
         else:
             marked, is_new_col = batch, F.when(valid, F.lit(True))
         new = is_new & ~held
-        invalid = batch.count() - len(rows) - len(held_invalid)
+        invalid = fetched.num_rows - len(rows) - len(held_invalid)
         laps("decide")
         return MarkedBatch(
             rows=marked.select(*parsed.columns, is_new_col.alias("is_new")),

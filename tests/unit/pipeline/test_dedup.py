@@ -102,3 +102,50 @@ def test_an_empty_batch_changes_nothing() -> None:
     seen = SeenEvents(HORIZON)
     assert run(seen) == []
     assert seen.newest is None and seen.size == 0
+
+
+def test_many_batches_decide_as_the_rule_reads_over_every_event_kept() -> None:
+    """The rule of ``pipeline.dedup``, read literally over a flat list of every event kept,
+    against the state's chunks, merged and trimmed as batches come: copies within and across
+    batches, replays of a batch's own rows, arrival times out of order, and far more batches
+    than the state has chunks."""
+    rng = np.random.default_rng(7)
+    seen = SeenEvents(HORIZON)
+    kept: list[tuple[int, int, int]] = []  # (key, time, coord) of every event ever kept
+    newest: int | None = None
+    coord = 0
+    for number in range(300):
+        size = int(rng.integers(0, 40))
+        keys = rng.integers(0, 400, size).astype(np.int64)  # few keys: many copies
+        # Arrival a little out of order, three batches a minute.
+        times = (number * MINUTE // 3 + rng.integers(-MINUTE, MINUTE, size)).astype(np.int64)
+        coords = np.arange(coord, coord + size, dtype=np.int64)
+        coord += size
+        replays = rng.random(size) < 0.1  # a row the lake may hold from an earlier attempt
+        for row in np.flatnonzero(replays):
+            seen_row = kept[int(rng.integers(len(kept)))] if kept else None
+            if seen_row is not None:
+                keys[row], times[row], coords[row] = seen_row
+        rank = rng.permutation(size).astype(np.int64)
+
+        latest = max([*times.tolist(), *([newest] if newest is not None else [])], default=None)
+        threshold = None if latest is None else latest - HORIZON
+        expected = []
+        for row in range(size):
+            earlier_in_batch = any(
+                keys[other] == keys[row] and rank[other] < rank[row] for other in range(size)
+            )
+            copy_kept = any(
+                k == keys[row] and c != coords[row] and t >= threshold for k, t, c in kept
+            )
+            expected.append(not earlier_in_batch and not copy_kept)
+
+        answer = seen.decide(keys, times, coords, rank)
+        assert answer.tolist() == expected, f"batch {number}"
+        seen.add(keys[answer], times[answer], coords[answer], times)
+        if threshold is not None:
+            newest = threshold + HORIZON
+        kept += [(int(k), int(t), int(c)) for k, t, c in
+                 zip(keys[answer], times[answer], coords[answer], strict=True)]  # fmt: skip
+    assert newest is not None
+    assert seen.size == sum(1 for _, t, _ in kept if t >= newest - HORIZON)

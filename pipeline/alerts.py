@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -254,11 +255,17 @@ class WrittenAlerts:
     # append with no Delta transaction id (``write_alerts``).
     after_start: bool = False
 
+    # Detection writes the alerts of a batch's windows while the writes of the windows an
+    # earlier batch closed run on a thread of their own (``pipeline.detection``): different
+    # alerts, the same dicts.
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+
     def split(self, alerts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         """``alerts`` (DETECTOR_COLUMNS) as (new, changed); the unchanged ones are left out."""
         if alerts.empty:
             return alerts, alerts
-        known = [self.rows.get(key) for key in alerts["alert_id"]]
+        with self._lock:
+            known = [self.rows.get(key) for key in alerts["alert_id"]]
         now = [_fields(row) for row in records(alerts)]
         new = np.array([k is None for k in known], dtype=bool)
         changed = np.array(
@@ -273,20 +280,22 @@ class WrittenAlerts:
         """Alerts of the ``types`` on the ``closing`` windows that the table holds standing
         (raised while the window filled) and the ``final`` decision on the finished window does
         not call for: their rows, marked withdrawn."""
-        if closing.empty or not self.rows:
+        if closing.empty:
             return _frame([])
         called_for = set(final["alert_id"])
-        keys = (
-            alert_id_of(device, kind, pd.Timestamp(start))
-            for device, start in zip(closing["device_id"], closing[col.WINDOW_START], strict=True)
-            for kind in types
-        )
+        kinds = set(types)
+        # By the known alerts (a few per device at most), not by every closing window and type.
+        windows = set(zip(closing["device_id"], pd.to_datetime(closing[col.WINDOW_START]),
+                          strict=True))  # fmt: skip
+        with self._lock:
+            known = list(self.rows.items())
         return _frame(
-            {**self.rows[key], "status": c.ALERT_WITHDRAWN}
-            for key in keys
-            if key in self.rows
+            {**row, "status": c.ALERT_WITHDRAWN}
+            for key, row in known
+            if row["alert_type"] in kinds
+            and (row["device_id"], pd.Timestamp(row[col.WINDOW_START])) in windows
             and key not in called_for
-            and self.rows[key].get("status") != c.ALERT_WITHDRAWN
+            and row.get("status") != c.ALERT_WITHDRAWN
         )
 
     def to_write(
@@ -304,35 +313,45 @@ class WrittenAlerts:
 
     def table(self) -> pd.DataFrame:
         """The known alerts' rows, as the table holds them."""
-        return _frame(self.rows.values())
+        with self._lock:
+            return _frame(list(self.rows.values()))
 
     def updated(self, changed: pd.DataFrame) -> pd.DataFrame:
         """The table rows of the known ``changed`` alerts, with their new values."""
-        return _frame(_updated(self.rows[row["alert_id"]], row) for row in records(changed))
+        with self._lock:
+            return _frame([_updated(self.rows[row["alert_id"]], row) for row in records(changed)])
 
-    def maybe_written(self, alerts: pd.DataFrame) -> pd.Series:
-        """Per alert not known here: whether the table may hold it all the same."""
-        if self.after_start:
+    def held(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The rows of the known alerts ``ids``, as the table holds them."""
+        with self._lock:
+            return {key: self.rows[key] for key in ids}
+
+    def maybe_written(self, alerts: pd.DataFrame, replay: bool | None = None) -> pd.Series:
+        """Per alert not known here: whether the table may hold it all the same. ``replay``: the
+        write may be a replay's (default: ``after_start``)."""
+        if self.after_start if replay is None else replay:
             return pd.Series(True, index=alerts.index)
         if self.unknown_until is None:
             return pd.Series(False, index=alerts.index)
         return pd.to_datetime(alerts[self.unknown_by]) <= self.unknown_until
 
     def remember(self, alerts: pd.DataFrame) -> None:
-        for row in records(alerts):
-            self.rows[row["alert_id"]] = row
-            self.ends[row["alert_id"]] = pd.Timestamp(row[col.WINDOW_END])
+        with self._lock:
+            for row in records(alerts):
+                self.rows[row["alert_id"]] = row
+                self.ends[row["alert_id"]] = pd.Timestamp(row[col.WINDOW_END])
 
     def forget_until(self, closed_before: pd.Timestamp) -> None:
         """Drop the alerts that ended at or before ``closed_before`` (a window closed: no event
         can change its alerts any more); an alert with no end (a silence still open) stays. What
         is dropped may be in the table unknown here (``unknown_until``): it started and ended by
         ``closed_before``."""
-        gone = [key for key, end in self.ends.items() if end <= closed_before]
-        for key in gone:
-            del self.rows[key], self.ends[key]
-        if gone and (self.unknown_until is None or self.unknown_until < closed_before):
-            self.unknown_until = closed_before
+        with self._lock:
+            gone = [key for key, end in self.ends.items() if end <= closed_before]
+            for key in gone:
+                del self.rows[key], self.ends[key]
+            if gone and (self.unknown_until is None or self.unknown_until < closed_before):
+                self.unknown_until = closed_before
 
     @classmethod
     def load(cls, spark: SparkSession, path: str, open_after: pd.Timestamp | None) -> WrittenAlerts:
@@ -402,6 +421,92 @@ def upsert_alerts(
     merge_alerts(spark, rows, path)
 
 
+@dataclass(frozen=True)
+class AlertWrites:
+    """What ``write_alerts`` writes, in its two steps: ``append`` (the alerts the table surely
+    lacks) and ``merge`` (the rest, in one MERGE). Each publishes its rows first and tells
+    ``written`` what the table then holds. A detector may run them apart: the append is blind
+    and never conflicts with another writer, while the MERGE fails on an append to its
+    partitions committed meanwhile (``pipeline.detection`` runs a closed window's MERGE once
+    the next batch's alerts are written)."""
+
+    appended: pd.DataFrame  # table rows
+    merged: pd.DataFrame  # table rows MERGEd: new ones the table may hold, changed ones
+    after: pd.DataFrame  # ``merged`` as the table holds them after the MERGE
+    changes: np.ndarray  # per row of ``after``: whether the MERGE changes it
+    withdrawn: pd.DataFrame  # table rows marked withdrawn, MERGEd with ``merged``
+    path: str
+    written: WrittenAlerts
+    publish: Publish | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (len(self.appended) or len(self.merged) or len(self.withdrawn))
+
+    def append(self, spark: SparkSession) -> None:
+        laps = Laps()
+        if len(self.appended):
+            if self.publish is not None:
+                self.publish(self.appended)
+            laps("publish")
+            append(to_spark(spark, self.appended), self.path, rows=len(self.appended))
+            laps("append")
+            log.debug("alerts appended (%s): %d; %s", _types(self.appended), len(self.appended),
+                      laps)  # fmt: skip
+        self.written.remember(self.appended)
+
+    def merge(self, spark: SparkSession) -> None:
+        laps = Laps()
+        rows = _concat(self.merged, self.withdrawn)
+        if len(rows):
+            if self.publish is not None:
+                self.publish(_concat(self.after[self.changes], self.withdrawn))
+            laps("publish")
+            # Final values and withdrawals in one MERGE: both come when windows close.
+            merge_alerts(spark, rows, self.path)
+            laps("MERGE")
+            log.debug("alerts MERGEd (%s): %d, %d of them withdrawn; %s", _types(rows),
+                      len(rows), len(self.withdrawn), laps)  # fmt: skip
+        self.written.remember(self.after)
+        self.written.remember(self.withdrawn)
+
+
+def _types(rows: pd.DataFrame) -> str:
+    """Which detector wrote ``rows``: each writes its own alert types."""
+    return ", ".join(sorted(set(rows["alert_type"])))
+
+
+def alert_writes(
+    spark: SparkSession,
+    raised: pd.DataFrame,
+    final: pd.DataFrame,
+    *,
+    path: str,
+    batch_id: int,
+    written: WrittenAlerts,
+    stale: pd.DataFrame | None = None,
+    publish: Publish | None = None,
+    replay: bool | None = None,
+) -> AlertWrites:
+    """What ``write_alerts`` of these alerts writes, in its two steps (``AlertWrites``).
+    ``replay``: the write may be a replay's (default: ``written.after_start``), so its new
+    alerts go through the MERGE."""
+    new, changed = written.to_write(raised, final)
+    rows = as_written(new, batch_id, batch_time())
+    maybe = written.maybe_written(rows, replay).to_numpy()
+    merged = _concat(rows[maybe], written.updated(changed))
+    # What the MERGE leaves in the table: the rows it may hold are read (a start without state).
+    held = {}
+    if maybe.any():
+        held = table_rows(spark, path, rows[maybe]["alert_id"],
+                          pd.Timestamp(rows[maybe][col.WINDOW_START].min()))  # fmt: skip
+    held.update(written.held(changed["alert_id"]))
+    after, changes = after_merge(merged, held)
+    return AlertWrites(rows[~maybe], merged, after, changes.to_numpy(),
+                       stale if stale is not None else _frame([]), path, written,
+                       publish)  # fmt: skip
+
+
 def write_alerts(
     spark: SparkSession,
     raised: pd.DataFrame,
@@ -436,33 +541,8 @@ def write_alerts(
     append (delta-spark 4.4.0 reads the id's last version from the reconstructed state), between
     the detection and the alert.
     """
-    new, changed = written.to_write(raised, final)
-    rows = as_written(new, batch_id, batch_time())
-    maybe = written.maybe_written(rows).to_numpy()
-    appended, merged = rows[~maybe], _concat(rows[maybe], written.updated(changed))
-    withdrawn = stale if stale is not None else _frame([])
-    # What the MERGE leaves in the table: the rows it may hold are read (a start without state).
-    held = {}
-    if maybe.any():
-        held = table_rows(spark, path, rows[maybe]["alert_id"],
-                          pd.Timestamp(rows[maybe][col.WINDOW_START].min()))  # fmt: skip
-    held.update({key: written.rows[key] for key in changed["alert_id"]})
-    after, merge_changes = after_merge(merged, held)
-    laps = Laps()
-    if publish is not None:
-        publish(_concat(appended, after[merge_changes.to_numpy()], withdrawn))
-    laps("publish")
-    if len(appended):
-        append(to_spark(spark, appended), path, rows=len(appended))
-    laps("append")
-    # Final values and withdrawals in one MERGE: both come when windows close.
-    merge_alerts(spark, _concat(merged, withdrawn), path)
-    laps("MERGE")
-    # Its types say which detector wrote (each writes its own).
-    types = sorted({*appended["alert_type"], *merged["alert_type"], *withdrawn["alert_type"]})
-    log.debug("alerts written (%s): %d appended, %d MERGEd, %d withdrawn; %s",
-              ", ".join(types) or "none", len(appended), len(merged), len(withdrawn),
-              laps)  # fmt: skip
-    for part in (appended, after, withdrawn):
-        written.remember(part)
+    writes = alert_writes(spark, raised, final, path=path, batch_id=batch_id, written=written,
+                          stale=stale, publish=publish)  # fmt: skip
+    writes.append(spark)
+    writes.merge(spark)
     written.after_start = False

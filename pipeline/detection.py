@@ -33,8 +33,10 @@ from pyspark.sql import functions as F
 from infra import lake
 from pipeline import columns as col
 from pipeline.alerts import (
+    AlertWrites,
     Publish,
     WrittenAlerts,
+    alert_writes,
     empty_alerts,
     timestamp_literal,
     write_alerts,
@@ -102,6 +104,15 @@ class Closed:
     batch_id: int
     done: pd.Timestamp | None  # windows ending at or before this are closed
     replay: bool  # the batch may be a replay (the first after a start): so may these writes
+
+
+@dataclass(frozen=True)
+class _Writes:
+    """Writes to run after a batch (``AfterBatch.start``), and what the log calls them."""
+
+    spark: SparkSession
+    what: str
+    writes: list[Callable[[], None]]
 
 
 def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
@@ -323,12 +334,17 @@ class FeaturesBatchWriter:
     Writes the rule alerts of the windows that changed (``write_alerts``) beside those windows,
     to ``feature_changes``, and returns. The windows it closed are dealt with while Spark runs
     the next batch (``AfterBatch``): the model scores them, the rules have their last word on
-    them, and their alerts are written (the model's new ones appended; the final values of the
-    others, and the withdrawn ones, MERGEd); then the windows go, once, to ``features``. In the
+    them, and the alerts the table lacks (the model's new ones) are appended (``_close``). Once
+    the next batch has written its own alerts, the final values of the others, and the
+    withdrawn ones, are MERGEd, and the windows go, once, to ``features`` (``_merge``). In the
     batch, scoring them and the MERGE stood between the next batch and its alerts; beside it,
-    they share the cores with it instead (docs/PERFORMANCE.md, session 71). The next batch
-    writes its alerts once those of the windows closed before are written: a MERGE beside an
-    append to its partitions fails (Delta checks a MERGE as serializable).
+    they share the cores with it instead (docs/PERFORMANCE.md, session 71). The MERGE waits for
+    the next batch's alerts, and a later batch with alerts to write waits for the MERGE: Delta
+    checks a MERGE as serializable, so an append to its partitions committed while it runs
+    fails it, and the next batch is the one whose alerts (new windows opening as the closed ones
+    go) nearly always fall in those partitions (docs/PERFORMANCE.md, session 73). Appends
+    never conflict: they run side by side. When no next batch comes (no new data), the status
+    loop starts the MERGE (``write_if_idle``); a stop or ``settle`` does too.
 
     Exactly once: the ``features`` append is keyed by the batch id, so a replay writes nothing
     twice there; a replay's ``feature_changes`` rows, if its first attempt had written them,
@@ -360,6 +376,10 @@ class FeaturesBatchWriter:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # What a batch leaves to run after it has returned (its closed windows).
     _after: AfterBatch = field(default_factory=AfterBatch, repr=False)
+    # What a closing batch leaves for after the next batch's alerts (``_merge``).
+    _pending: _Writes | None = field(default=None, repr=False)
+    _batches: int = field(default=0, repr=False)  # batches run
+    _batches_seen: int = field(default=0, repr=False)  # as ``write_if_idle`` saw it last
     _named: bool = field(default=False, repr=False)  # app_id carries the checkpoint's id
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -413,16 +433,19 @@ class FeaturesBatchWriter:
         alerts = judge(changed, state.history, rules=self.rules, spec=self.spec, prof=prof)
         laps("rules")
         written = self.written
-        self._after.check()  # the last closing batch's writes did not fail
-        replay: list[bool] = []
+        self._after.check()  # the writes left after earlier batches did not fail
+        replay = written.after_start  # the first batch after a start may be a replay
 
         def write_new_alerts() -> None:
-            # Those of the windows closed before first (see the class docstring).
+            writes = alert_writes(spark, alerts, empty_alerts(), path=path(lake.ALERTS),
+                                  batch_id=batch_id, written=written,
+                                  publish=self.publish)  # fmt: skip
+            if writes.empty:
+                return
+            # After the MERGE of the windows closed before, if it runs (class docstring).
             waited = self._after.wait_first()
-            # The first batch after a start may be a replay, its closed windows' writes too.
-            replay.append(written.after_start)
-            write_alerts(spark, alerts, empty_alerts(), path=path(lake.ALERTS), batch_id=batch_id,
-                         written=written, publish=self.publish)  # fmt: skip
+            writes.append(spark)
+            writes.merge(spark)
             if waited > 0.05:
                 log.debug("detection batch %d waited %.2f s for the last closed windows' alerts",
                           batch_id, waited)  # fmt: skip
@@ -440,10 +463,14 @@ class FeaturesBatchWriter:
         # alerts: a batch replayed after a crash between the two raises the same alerts from
         # the same windows, and writes those the table lacks (first batch after a start).
         took = side_by_side(write_new_alerts, write_changes)
+        written.after_start = False
         laps("alerts {:.2f} s beside window changes {:.2f} s, both".format(*took))
+        # This batch's alerts are written: the last closed windows' MERGE may run (``_merge``).
+        left = self._pending
+        self._pending = None
         if len(closing):
             closed = Closed(closing, closing_prof, state.history, model, batch_id,
-                            self._done(state), replay[0])  # fmt: skip
+                            self._done(state), replay)  # fmt: skip
             schema = windows.schema
 
             def append_closed() -> None:
@@ -451,15 +478,38 @@ class FeaturesBatchWriter:
                 idempotent_append(frame, path(lake.FEATURES), f"{self.app_id}-features",
                                   batch_id, rows=len(closing), merge_schema=True)  # fmt: skip
 
-            self._after.start(spark, f"detection batch {batch_id}: {len(closing)} closed windows",
-                              partial(self._close, spark, closed), append_closed)  # fmt: skip
+            writes: list[AlertWrites] = []
+            what = f"detection batch {batch_id}'s {len(closing)} closed windows"
+            now = _Writes(spark, what, [partial(self._close, spark, closed, writes)])
+            self._pending = _Writes(
+                spark,
+                f"{what}, their MERGE and features",
+                [partial(self._merge, spark, closed, writes), append_closed],
+            )
+            self._start(left, now)
+        else:
+            self._start(left, None)
         log.debug("detection batch %d: %d windows changed, %d closed, %d alerts; %s", batch_id,
                   len(changed), len(closing), len(alerts), laps)  # fmt: skip
         self.state = state
+        self._batches += 1
 
-    def _close(self, spark: SparkSession, closed: Closed) -> None:
-        """The windows a batch closed: the model's alerts on them and the rules' last word, then
-        their alerts written (``write_alerts``); run after the batch (``AfterBatch``)."""
+    def _start(self, left: _Writes | None, now: _Writes | None) -> None:
+        """Start ``left`` (the MERGE and ``features`` append an earlier closing batch left for
+        after the next batch's alerts), then ``now`` (this batch's closed windows' first
+        writes), after the writes started before them. The next batch's alerts wait for the
+        MERGE (``wait_first``), not for the appends."""
+        parts = [part for part in (left, now) if part is not None]
+        if parts:
+            self._after.start(parts[0].spark, "; ".join(part.what for part in parts),
+                              *[write for part in parts for write in part.writes],
+                              hold_next=left is not None)  # fmt: skip
+
+    def _close(self, spark: SparkSession, closed: Closed, writes: list[AlertWrites]) -> None:
+        """The windows a batch closed: the model's alerts on them and the rules' last word. The
+        alerts the table surely lacks are appended; what needs the MERGE (final values,
+        withdrawals, and new alerts of a batch that may be a replay) goes into ``writes``, for
+        ``_merge``. Run after the batch (``AfterBatch``)."""
         assert self.written is not None
         laps = Laps()
         closing, prof, model = closed.windows, closed.profiles, closed.model
@@ -471,17 +521,39 @@ class FeaturesBatchWriter:
         last_word = judge(closing, closed.history, rules=self.rules, spec=self.spec, prof=prof)
         stale = self.written.stale(closing, last_word, RULE_TYPES)
         laps("rules")
-        self.written.after_start = closed.replay
-        write_alerts(spark, found, last_word, path=lake.table_path(self.lake_root, lake.ALERTS),
-                     batch_id=closed.batch_id, written=self.written, stale=stale,
-                     publish=self.publish)  # fmt: skip
-        laps("alerts")
-        if closed.done is not None:
-            self.written.forget_until(closed.done)
+        planned = alert_writes(spark, found, last_word,
+                               path=lake.table_path(self.lake_root, lake.ALERTS),
+                               batch_id=closed.batch_id, written=self.written, stale=stale,
+                               publish=self.publish, replay=closed.replay)  # fmt: skip
+        planned.append(spark)
+        writes.append(planned)
+        laps("appended")
         log.debug("detection batch %d closed %d windows, %d model alerts; %s", closed.batch_id,
                   len(closing), len(found), laps)  # fmt: skip
         if self.on_scoring is not None:
             self.on_scoring(scoring)
+
+    def _merge(self, spark: SparkSession, closed: Closed, writes: list[AlertWrites]) -> None:
+        """The MERGE ``_close`` left; then the closed windows' alerts are final."""
+        assert self.written is not None
+        writes[0].merge(spark)
+        if closed.done is not None:
+            self.written.forget_until(closed.done)
+
+    def write_if_idle(self) -> None:
+        """Start what the last closing batch left for after the next batch (``_merge``, the
+        ``features`` append) when no batch ran since the last call and none runs now: a stream
+        without new data runs no next batch. Called at every status report
+        (``pipeline.job.run_until_stopped``)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._batches == self._batches_seen:
+                self._start(self._pending, None)
+                self._pending = None
+            self._batches_seen = self._batches
+        finally:
+            self._lock.release()
 
     def finish(self, spark: SparkSession) -> None:
         """Write the current values of the alerts whose window is still open, where they differ
@@ -491,13 +563,18 @@ class FeaturesBatchWriter:
             self._finish(spark)
 
     def settle(self) -> None:
-        """Wait until the write the last batch left to run after it is done (``AfterBatch``):
-        before reading ``features``."""
+        """Run what the last batches left to run after them (``AfterBatch``), those left for
+        after the next batch too, and wait until it is done: before reading ``features``."""
         with self._lock:
-            self._after.wait()
+            self._settle()
+
+    def _settle(self) -> None:
+        self._start(self._pending, None)
+        self._pending = None
+        self._after.wait()
 
     def _finish(self, spark: SparkSession) -> None:
-        self._after.wait()
+        self._settle()
         if self.state is None or self.written is None or self.state.open.empty:
             return
         if getattr(self.publish, "failed", None):  # the broker is why the pipeline stops

@@ -487,8 +487,9 @@ class Pipeline:
             return
         try:
             self.detection.finish(self.spark)
-        except Exception as exc:  # the next stop writes them; what stopped the queries matters
-            log.warning("alerts of open windows keep the values they were raised with: %s", exc)
+        except Exception as exc:  # the next start does them again; what stopped matters more
+            log.warning("detection's writes at its stop failed (the next start does them "
+                        "again): %s", exc)  # fmt: skip
 
     def failures(self) -> list[str]:
         return [f"{q.name}: {q.exception()}" for q in self.queries if q.exception() is not None]
@@ -637,6 +638,9 @@ def run_available_now(
         if pipeline.checks_firmware:
             readers.append(pipeline.start_firmware)
         _run_stage(pipeline, readers)
+        if pipeline.detection is not None:
+            # What detection left after its last batch: a failure there fails the catch-up.
+            pipeline.detection.settle()
     finally:
         # Also after a failure: what detection left to run after its last batch (the windows it
         # closed) publishes and writes alerts, and must be done before the publisher closes.
@@ -680,6 +684,8 @@ def run_until_stopped(
             if callable(on_status):
                 on_status(pipeline.listener.status_line())
             pipeline.restart_transient(time.monotonic())
+            if pipeline.detection is not None:
+                pipeline.detection.write_if_idle()
             failed = pipeline.failures()
             if failed:
                 raise RuntimeError("a streaming query failed: " + "; ".join(failed))

@@ -222,7 +222,8 @@ class AfterBatch:
     Spark runs the next batch once ``foreachBatch`` returns, and cancels the query's job group
     when it stops: the writes run in a job group of their own (the query's, with
     ``JOB_GROUP_SUFFIX``), so that a stop does not cut them; the stop waits for them (``wait``).
-    The next batch may wait for the first of them only (``wait_first``). A failed write fails
+    The next batch may wait for the first of them only (``wait_first``), when it holds the next
+    batch's writes (``start``'s ``hold_next``). A failed write fails
     every later wait and ``start``: the next batch stops the query, and the next start does again
     what the writes would have done (``pipeline.detection``).
     """
@@ -235,13 +236,18 @@ class AfterBatch:
         self._first = threading.Event()
         self._first.set()
 
-    def start(self, spark: SparkSession, what: str, *writes: Callable[[], None]) -> None:
+    def start(
+        self, spark: SparkSession, what: str, *writes: Callable[[], None], hold_next: bool = True
+    ) -> None:
         """Run ``writes`` one after the other, each once the one before it succeeded, when the
-        last batch's are done; the debug log says ``what`` and their seconds."""
+        last batch's are done; the debug log says ``what`` and their seconds. ``hold_next``: the
+        next batch's ``wait_first`` waits for the first of them."""
         self.wait()
         context = spark.sparkContext
         group = context.getLocalProperty("spark.jobGroup.id")
         first = self._first = threading.Event()
+        if not hold_next:
+            first.set()
 
         def run() -> None:
             if group:

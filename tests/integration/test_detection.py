@@ -296,7 +296,7 @@ def test_a_batch_killed_within_its_writes_leaves_the_tables_as_a_run_without_one
     ]
     then = [device_series("rogue", start + timedelta(hours=1), later)]
     last = [device_series("rogue", start + timedelta(hours=1, seconds=30 * later), 20)]
-    step = {"new alerts": (detection, "write_alerts"), "window changes": (detection, "append"),
+    step = {"new alerts": (alerts.AlertWrites, "append"), "window changes": (detection, "append"),
             "final values": (alerts, "merge_alerts"),
             "closed windows": (detection, "idempotent_append")}[dies_in]  # fmt: skip
     reference = str(tmp_path / "reference")
@@ -351,34 +351,35 @@ def test_a_batch_killed_within_its_writes_leaves_the_tables_as_a_run_without_one
     assert bool(closed_by_7) == (kind == "closes windows")
 
 
-def test_a_batch_returns_before_its_closed_windows_alerts_and_the_next_waits_for_them(
+def test_a_closed_windows_merge_runs_after_the_next_batchs_alerts_and_a_later_batch_waits_for_it(
     spark: Any, lake: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The batch that closes windows returns while their alerts are still being written (the
-    final values' MERGE): the next batch runs meanwhile, and writes its own alerts once those
-    are written (an append beside the MERGE would fail it). The tables end as those of a run
-    whose MERGEs were quick."""
+    """The batch that closes windows returns before their alerts' final values are MERGEd. The
+    MERGE runs once the next batch has written its alerts, so that batch writes them at once
+    (an append committed while the MERGE runs would fail it); a later batch with alerts waits
+    for the MERGE. The tables end as those of a run whose MERGEs were quick."""
     import threading
 
     from pipeline import alerts
 
     start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
     # As in the test above: batch 7 closes the rogue device's first windows (their alerts'
-    # final values MERGEd) and raises alerts on a new window; batch 8 raises more.
+    # final values MERGEd) and raises alerts on a new window; batches 8 and 9 raise more.
     first = [
         device_series("rogue", start, 120),
         device_series("other", start + timedelta(minutes=64, seconds=55), 1),
     ]
     then = [device_series("rogue", start + timedelta(hours=1), 40)]
-    last = [device_series("rogue", start + timedelta(hours=1, minutes=20), 20)]
+    later = [device_series("rogue", start + timedelta(hours=1, minutes=20), 20)]
+    last = [device_series("rogue", start + timedelta(hours=1, minutes=30), 20)]
     none = ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent")
     reference = str(tmp_path / "reference")
     quick = FeaturesBatchWriter(reference, none)
-    for batch_id, rows in enumerate((first, then, last), start=6):
+    for batch_id, rows in enumerate((first, then, later, last), start=6):
         quick(windows_of(spark, reference, *rows), batch_id)
     quick.settle()
 
-    batches = [windows_of(spark, lake, *rows) for rows in (first, then, last)]
+    batches = [windows_of(spark, lake, *rows) for rows in (first, then, later, last)]
     writer = FeaturesBatchWriter(lake, none)
     writer(batches[0], 6)
     writer.settle()
@@ -391,31 +392,67 @@ def test_a_batch_returns_before_its_closed_windows_alerts_and_the_next_waits_for
         merge(spark, rows, path)
 
     monkeypatch.setattr(alerts, "merge_alerts", gated)
-    seventh = threading.Thread(target=writer, args=(batches[1], 7))
-    seventh.start()
-    seventh.join(60)
-    if seventh.is_alive():
-        opened.set()  # let it end
-        pytest.fail("batch 7 waited for its closed windows' MERGE to return")
-    assert merging.wait(60), "batch 7 MERGEd nothing: the test would see no wait"
     table = lake_table(lake, "alerts")
-    versions = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").count()
-    eighth = threading.Thread(target=writer, args=(batches[2], 8))
-    eighth.start()
-    eighth.join(20)
-    # Batch 8 has its alerts, and waits for the MERGE to write them.
-    assert eighth.is_alive()
-    assert spark.sql(f"DESCRIBE HISTORY delta.`{table}`").count() == versions
-    opened.set()
-    eighth.join(120)
-    assert not eighth.is_alive()
+
+    def run(batch_id: int, wait_s: float) -> threading.Thread:
+        thread = threading.Thread(target=writer, args=(batches[batch_id - 6], batch_id))
+        thread.start()
+        thread.join(wait_s)
+        return thread
+
+    try:
+        assert not run(7, 60).is_alive()
+        # Its closed windows' model and appends run after it; their MERGE waits for batch 8.
+        assert not merging.wait(5), "batch 7's MERGE ran before the next batch's alerts"
+        assert not run(8, 60).is_alive(), "batch 8 waited for the MERGE of batch 7's windows"
+        eighths = [r for r in table_rows(spark, lake, "alerts") if r.batch_id == 8]
+        assert eighths, "batch 8 raised no alert: the test would see no wait"
+        assert merging.wait(60), "batch 7 MERGEd nothing: the test would see no wait"
+        versions = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").count()
+        ninth = run(9, 20)
+        # Batch 9 has its alerts, and waits for the MERGE to write them.
+        assert ninth.is_alive()
+        assert spark.sql(f"DESCRIBE HISTORY delta.`{table}`").count() == versions
+    finally:
+        opened.set()
+    ninth.join(120)
+    assert not ninth.is_alive()
     writer.settle()
     monkeypatch.undo()
 
     assert table_rows(spark, lake, "alerts") == table_rows(spark, reference, "alerts")
     assert table_rows(spark, lake, "features") == table_rows(spark, reference, "features")
-    eighths = [r for r in table_rows(spark, lake, "alerts") if r.batch_id == 8]
-    assert eighths, "batch 8 raised no alert"
+    ninths = [r for r in table_rows(spark, lake, "alerts") if r.batch_id == 9]
+    assert ninths, "batch 9 raised no alert"
+
+
+def test_a_closed_windows_merge_starts_at_a_status_tick_when_no_next_batch_came(
+    spark: Any, lake: str, tmp_path: Path
+) -> None:
+    """No new data, no next batch: the MERGE and ``features`` append a closing batch left for
+    after the next batch start at the first status tick that finds no batch since the last."""
+    import time
+
+    start = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
+    first = [device_series("rogue", start, 120)]
+    then = [device_series("rogue", start + timedelta(hours=1), 40)]
+    batches = [windows_of(spark, lake, *rows) for rows in (first, then)]
+    writer = FeaturesBatchWriter(lake, ModelScorer(f"sqlite:///{tmp_path / 'none.db'}", "absent"))
+    writer(batches[0], 6)
+    writer.settle()
+    before = len(table_rows(spark, lake, "features"))
+    writer(batches[1], 7)  # closes the windows ending by 1:14:30
+
+    writer.write_if_idle()  # batch 7 ran since the last tick: the next batch may come
+    time.sleep(5)
+    assert len(table_rows(spark, lake, "features")) == before
+    writer.write_if_idle()  # none came
+    deadline = time.monotonic() + 120
+    while len(table_rows(spark, lake, "features")) == before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    closed = [r for r in table_rows(spark, lake, "features")
+              if r.window_end <= datetime(2026, 11, 22, 9, 14, 30)]  # fmt: skip
+    assert len(closed) > before
 
 
 def test_an_alert_keeps_its_raised_values_until_its_window_closes_or_the_query_stops(

@@ -206,6 +206,45 @@ def test_files_source_feeds_the_same_pipeline(spark: Any, lake: str, tmp_path: P
     assert table(spark, lake, "telemetry").count() == 12
 
 
+def test_a_catch_up_fails_when_a_write_after_its_last_batch_fails_and_the_next_one_does_it(
+    spark: Any, lake: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The windows a catch-up's last batches close go to ``features`` after those batches, when
+    the queries have ended. That append failing fails the catch-up (not a warning and a clean
+    exit); the next catch-up's first batch writes them."""
+    from infra.lake import FEATURES, table_path
+    from pipeline import detection
+
+    start = datetime.now(timezone.utc) - timedelta(hours=2)
+    write_registry(lake, ["dev-1"])
+    settings = settings_for(lake, tmp_path, source="files")
+    landing = Path(settings.landing_dir)
+    landing.mkdir(parents=True)
+    # An hour of readings: the watermark closes its first windows.
+    events = device_series("dev-1", start, 120)
+    (landing / "part-1.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    append = detection.idempotent_append
+
+    def unwritable(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError("features unwritable")
+
+    monkeypatch.setattr(detection, "idempotent_append", unwritable)
+    with pytest.raises(RuntimeError, match="after its micro-batch failed") as failed:
+        job.run_available_now(spark, settings)
+    assert "features unwritable" in str(failed.value.__cause__)
+    assert not Path(table_path(lake, FEATURES)).exists()
+
+    # The next catch-up's first batch closes them again (``detection.load_state``).
+    monkeypatch.setattr(detection, "idempotent_append", append)
+    more = device_series("dev-1", start, 124)[120:]
+    (landing / "part-2.jsonl").write_text("\n".join(json.dumps(e) for e in more) + "\n")
+    job.run_available_now(spark, settings)
+    done = start + timedelta(seconds=123 * 30) - timedelta(minutes=10)  # less the watermark
+    closed = window_states(spark, lake).where(f"window_end <= TIMESTAMP '{done:%Y-%m-%d %H:%M:%S}'")
+    assert closed.count() > 0
+    assert table(spark, lake, FEATURES).count() == closed.count()
+
+
 def test_late_events_update_windows_within_the_watermark_and_are_counted_beyond(
     spark: Any, bootstrap: str, make_topic: Callable[..., str], lake: str, tmp_path: Path
 ) -> None:

@@ -308,7 +308,8 @@ class WrittenAlerts:
         new, _ = self.split(raised)
         only_final, changed = self.split(final)
         if len(only_final):
-            new = pd.concat([new[~new["alert_id"].isin(only_final["alert_id"])], only_final])
+            kept = new[~new["alert_id"].isin(only_final["alert_id"])]
+            new = pd.concat([kept, only_final]) if len(kept) else only_final
         return new, changed
 
     def table(self) -> pd.DataFrame:

@@ -252,7 +252,7 @@ class WrittenAlerts:
     # The first batch after a start may be the replay of one whose writes partly committed, and
     # may decide otherwise (the registry unreachable, say): its new alerts go through the MERGE,
     # which inserts only what the table lacks. Only that batch can be a replay, so later ones
-    # append with no Delta transaction id (``write_alerts``).
+    # append with no Delta transaction id (``alert_writes``).
     after_start: bool = False
 
     # Detection writes the alerts of a batch's windows while the writes of the windows an
@@ -411,7 +411,7 @@ def upsert_alerts(
     inserted, changed ones updated, a replay changes nothing. With ``publish``, the rows the
     MERGE changes, as the table will hold them, are published first. For detectors whose alerts
     are few and final when raised (firmware); detection and silence keep the table's rows in
-    memory instead (``write_alerts``)."""
+    memory instead (``alert_writes``)."""
     if alerts.empty:
         return
     rows = as_written(alerts, batch_id, batch_time())
@@ -424,7 +424,7 @@ def upsert_alerts(
 
 @dataclass(frozen=True)
 class AlertWrites:
-    """What ``write_alerts`` writes, in its two steps: ``append`` (the alerts the table surely
+    """What ``alert_writes`` plans, in two steps: ``append`` (the alerts the table surely
     lacks) and ``merge`` (the rest, in one MERGE). Each publishes its rows first and tells
     ``written`` what the table then holds. A detector may run them apart: the append is blind
     and never conflicts with another writer, while the MERGE fails on an append to its
@@ -443,6 +443,12 @@ class AlertWrites:
     @property
     def empty(self) -> bool:
         return not (len(self.appended) or len(self.merged) or len(self.withdrawn))
+
+    def write(self, spark: SparkSession) -> None:
+        """Both steps, one after the other."""
+        self.append(spark)
+        self.merge(spark)
+        self.written.after_start = False
 
     def append(self, spark: SparkSession) -> None:
         laps = Laps()
@@ -489,38 +495,9 @@ def alert_writes(
     publish: Publish | None = None,
     replay: bool | None = None,
 ) -> AlertWrites:
-    """What ``write_alerts`` of these alerts writes, in its two steps (``AlertWrites``).
-    ``replay``: the write may be a replay's (default: ``written.after_start``), so its new
-    alerts go through the MERGE."""
-    new, changed = written.to_write(raised, final)
-    rows = as_written(new, batch_id, batch_time())
-    maybe = written.maybe_written(rows, replay).to_numpy()
-    merged = _concat(rows[maybe], written.updated(changed))
-    # What the MERGE leaves in the table: the rows it may hold are read (a start without state).
-    held = {}
-    if maybe.any():
-        held = table_rows(spark, path, rows[maybe]["alert_id"],
-                          pd.Timestamp(rows[maybe][col.WINDOW_START].min()))  # fmt: skip
-    held.update(written.held(changed["alert_id"]))
-    after, changes = after_merge(merged, held)
-    return AlertWrites(rows[~maybe], merged, after, changes.to_numpy(),
-                       stale if stale is not None else _frame([]), path, written,
-                       publish)  # fmt: skip
-
-
-def write_alerts(
-    spark: SparkSession,
-    raised: pd.DataFrame,
-    final: pd.DataFrame,
-    *,
-    path: str,
-    batch_id: int,
-    written: WrittenAlerts,
-    stale: pd.DataFrame | None = None,
-    publish: Publish | None = None,
-) -> None:
-    """Append the alerts the table does not hold yet (``WrittenAlerts.to_write``: ``raised`` on
-    a changed window, or called for by the ``final`` state of a closing one); then, in one MERGE,
+    """The writes (``AlertWrites``; ``write`` runs both) that append the alerts the table does
+    not hold yet (``WrittenAlerts.to_write``: ``raised`` on a changed window, or called for by
+    the ``final`` state of a closing one); then, in one MERGE,
     the ``final`` values of alerts (their window closed, or the query stopped) where they differ
     from the table's, and the ``stale`` ones marked withdrawn (``WrittenAlerts.stale``). With
     ``publish``, every row these writes change, as the table will hold it, is published first
@@ -541,9 +518,21 @@ def write_alerts(
     plain one: a Delta transaction id would cost a job over the table's state before each
     append (delta-spark 4.4.0 reads the id's last version from the reconstructed state), between
     the detection and the alert.
+
+    ``replay``: the write may be a replay's (default: ``written.after_start``), so its new
+    alerts go through the MERGE.
     """
-    writes = alert_writes(spark, raised, final, path=path, batch_id=batch_id, written=written,
-                          stale=stale, publish=publish)  # fmt: skip
-    writes.append(spark)
-    writes.merge(spark)
-    written.after_start = False
+    new, changed = written.to_write(raised, final)
+    rows = as_written(new, batch_id, batch_time())
+    maybe = written.maybe_written(rows, replay).to_numpy()
+    merged = _concat(rows[maybe], written.updated(changed))
+    # What the MERGE leaves in the table: the rows it may hold are read (a start without state).
+    held = {}
+    if maybe.any():
+        held = table_rows(spark, path, rows[maybe]["alert_id"],
+                          pd.Timestamp(rows[maybe][col.WINDOW_START].min()))  # fmt: skip
+    held.update(written.held(changed["alert_id"]))
+    after, changes = after_merge(merged, held)
+    return AlertWrites(rows[~maybe], merged, after, changes.to_numpy(),
+                       stale if stale is not None else _frame([]), path, written,
+                       publish)  # fmt: skip

@@ -39,7 +39,6 @@ from pipeline.alerts import (
     alert_writes,
     empty_alerts,
     timestamp_literal,
-    write_alerts,
 )
 from pipeline.metrics import Laps
 from pipeline.profiles import (
@@ -331,7 +330,7 @@ def _read(spark: SparkSession, lake_root: str, name: str) -> DataFrame | None:
 class FeaturesBatchWriter:
     """``foreachBatch`` function of the detection query (update mode: the windows that changed).
 
-    Writes the rule alerts of the windows that changed (``write_alerts``) beside those windows,
+    Writes the rule alerts of the windows that changed (``alert_writes``) beside those windows,
     to ``feature_changes``, and returns. The windows it closed are dealt with while Spark runs
     the next batch (``AfterBatch``): the model scores them, the rules have their last word on
     them, and the alerts the table lacks (the model's new ones) are appended (``_close``). Once
@@ -444,8 +443,7 @@ class FeaturesBatchWriter:
                 return
             # After the MERGE of the windows closed before, if it runs (class docstring).
             waited = self._after.wait_first()
-            writes.append(spark)
-            writes.merge(spark)
+            writes.write(spark)
             if waited > 0.05:
                 log.debug("detection batch %d waited %.2f s for the last closed windows' alerts",
                           batch_id, waited)  # fmt: skip
@@ -557,7 +555,7 @@ class FeaturesBatchWriter:
 
     def finish(self, spark: SparkSession) -> None:
         """Write the current values of the alerts whose window is still open, where they differ
-        from the table's (batches leave them as raised, ``write_alerts``). Called once the query
+        from the table's (batches leave them as raised, ``alert_writes``). Called once the query
         has stopped, so that a stopped pipeline's table holds every alert's latest values."""
         with self._lock:
             self._finish(spark)
@@ -584,10 +582,10 @@ class FeaturesBatchWriter:
         current = judge(self.state.open, self.state.history, rules=self.rules, spec=self.spec)
         # Values only: an alert the open windows call for now is raised by the next batch.
         current = current[current["alert_id"].isin(self.written.rows.keys())]
-        write_alerts(spark, empty_alerts(), current, path=lake.table_path(self.lake_root,
-                     lake.ALERTS),
+        alert_writes(spark, empty_alerts(), current,
+                     path=lake.table_path(self.lake_root, lake.ALERTS),
                      batch_id=-1,  # unused: updates keep the batch id of the insert
-                     written=self.written, publish=self.publish)  # fmt: skip
+                     written=self.written, publish=self.publish).write(spark)  # fmt: skip
 
     def _open_after(self, state: WindowState) -> pd.Timestamp | None:
         """The alerts of windows ending after this may change: those of open windows, and of

@@ -114,9 +114,9 @@ from pipeline.alerts import (
     Publish,
     WrittenAlerts,
     alert_id_of,
+    alert_writes,
     empty_alerts,
     records,
-    write_alerts,
 )
 from pipeline.features import with_device
 
@@ -678,6 +678,6 @@ class SilenceBatchWriter:
             self.written = WrittenAlerts.load_open(spark, self.alerts_path,
                                                    c.SILENCE_ALERT_TYPES, KNOWN_FOR)  # fmt: skip
         alerts = silence_alerts(changes)
-        write_alerts(spark, alerts, alerts, path=self.alerts_path, batch_id=batch_id,
-                     written=self.written, publish=self.publish)  # fmt: skip
+        alert_writes(spark, alerts, alerts, path=self.alerts_path, batch_id=batch_id,
+                     written=self.written, publish=self.publish).write(spark)  # fmt: skip
         self.written.forget_until(pd.Timestamp(alerts["last_event_time"].max()) - KNOWN_FOR)

@@ -92,7 +92,7 @@ def test_rows_the_driver_writes_land_in_one_file_per_commit(spark: SparkSession,
     import pandas as pd
 
     from infra import lake as tables
-    from pipeline.alerts import WrittenAlerts, alert_frame, write_alerts
+    from pipeline.alerts import WrittenAlerts, alert_frame, alert_writes
     from pipeline.metrics import MetricsListener
     from pipeline.sinks import ensure_tables
 
@@ -111,11 +111,11 @@ def test_rows_the_driver_writes_land_in_one_file_per_commit(spark: SparkSession,
                             for i in range(40)])  # fmt: skip
     raised = alert_frame(windows, "flood", "high", 0.5, "40 events")
     written = WrittenAlerts()
-    write_alerts(spark, raised, raised.iloc[:0], path=path, batch_id=0,
-                 written=written)  # fmt: skip
+    alert_writes(spark, raised, raised.iloc[:0], path=path, batch_id=0,
+                 written=written).write(spark)  # fmt: skip
     final = alert_frame(windows, "flood", "high", 0.9, "90 events")  # the windows closed
-    write_alerts(spark, final.iloc[:0], final, path=path, batch_id=1,
-                 written=written)  # fmt: skip
+    alert_writes(spark, final.iloc[:0], final, path=path, batch_id=1,
+                 written=written).write(spark)  # fmt: skip
     table = spark.read.format("delta").load(path).toPandas()
     assert sorted(table["device_id"]) == sorted(windows["device_id"])
     assert set(table["score"]) == {0.9}

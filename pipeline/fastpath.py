@@ -35,7 +35,7 @@ At least once: the fast path commits its offsets every ``fast_path_checkpoint_in
 restart it may publish again what it read since the last commit. The registry is read at each
 such commit.
 
-A small micro-batch query (``FastLogWriter``) records each fast message in the ``fast_alerts``
+A small micro-batch query (``fast_log_rows``) records each fast message in the ``fast_alerts``
 table, so the dashboard can say which path raised an alert first.
 """
 
@@ -44,7 +44,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -60,7 +59,6 @@ from pipeline.rules import (
     ROGUE_REASON,
     SEVERITY,
 )
-from pipeline.sinks import checkpoint_id, idempotent_append
 from pipeline.transforms import now
 
 # Timestamps in messages: UTC ISO 8601 to the microsecond, as ``pipeline.publish`` writes them
@@ -173,23 +171,6 @@ def fast_log_rows(messages: DataFrame) -> DataFrame:
         "m.*", F.col("m.first_event_time").alias("event_time"), "published_at"
     )
     return rows.select(*c.column_names(c.FAST_ALERTS_COLUMNS))
-
-
-@dataclass
-class FastLogWriter:
-    """``foreachBatch`` of the fast path's log: a batch of the alerts topic's records, its fast
-    messages (``fast_log_rows``) appended to ``fast_alerts`` once. The append's Delta
-    transaction id is the query's id and the batch id, as Delta's streaming sink (which this
-    query used before) names its own: a batch that sink committed is not appended again."""
-
-    path: str
-    checkpoint: str
-    app_id: str | None = None
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        if self.app_id is None:  # the checkpoint's metadata exists once the query has started
-            self.app_id = checkpoint_id(batch.sparkSession, self.checkpoint)
-        idempotent_append(fast_log_rows(batch), self.path, self.app_id, batch_id)
 
 
 _LOCAL = re.compile(r"^local\[(\*|\d+)(,\d+)?\]$|^local$")

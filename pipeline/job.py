@@ -11,7 +11,7 @@ firmware:        firmware changes in telemetry LEFT JOIN firmware_updates (strea
                  watermarked) -> unauthorized -> firmware_tamper alerts (foreachBatch, MERGE)
 fast_path:       source -> parse -> valid and flagging events -> registry join -> per-event
                  rules -> alerts topic   (Real-time Mode, Kafka sink; see ``pipeline.fastpath``)
-fast_log:        alerts topic -> fast messages -> fast_alerts   (foreachBatch, appends)
+fast_log:        alerts topic -> fast messages -> fast_alerts   (Delta sink, appends)
 silence:         source -> who sent each record, when -> registry join -> per Kafka
                  partition, its own clock, event-time timers -> device_silent, late_burst
                  (foreachBatch, MERGE; see ``pipeline.silence``)
@@ -26,9 +26,6 @@ price is a second read and parse of each message (docs/PERFORMANCE.md measures i
 make the same per-record checks (``parse_events``) and call copies the same (see
 ``pipeline.transforms.first_copies``); a window counts the ingest's duplicates, and the
 readings it quarantined out of range or with a clock ahead.
-
-In live runs the queries nobody waits for within seconds (``TAKE_TURNS``) run their batches one
-at a time (``pipeline.sinks.Turns``): their triggers fall in the same second.
 """
 
 from __future__ import annotations
@@ -50,7 +47,7 @@ from infra import lake
 from infra.errors import ConfigError
 from infra.spark import ALERTS_POOL, scheduler_pool
 from pipeline.detection import FeaturesBatchWriter
-from pipeline.fastpath import FastLogWriter, fast_alerts, fast_messages
+from pipeline.fastpath import fast_alerts, fast_log_rows, fast_messages
 from pipeline.features import feature_events, features_from_events, quarantine_feature_events
 from pipeline.firmware import (
     FirmwareIngestWriter,
@@ -77,7 +74,7 @@ from pipeline.silence import (
     silence_changes,
     silence_input,
 )
-from pipeline.sinks import Turns, discard_unstarted_batch, ensure_tables
+from pipeline.sinks import discard_unstarted_batch, ensure_tables
 from pipeline.sources import kafka_connection_options, kafka_source, raw_source
 from pipeline.transforms import (
     events_and_flagged,
@@ -97,9 +94,6 @@ FIRMWARE = "firmware"
 FAST_PATH = "fast_path"
 FAST_LOG = "fast_log"
 SILENCE = "silence"
-# The live queries whose batches take turns (``pipeline.sinks.Turns``): all but the ingest,
-# detection and the fast path (Real-time Mode, no micro-batches).
-TAKE_TURNS = (SILENCE, FIRMWARE_INGEST, FIRMWARE, FAST_LOG)
 STATE_STORE_CONF = "spark.sql.streaming.stateStore.providerClass"
 # Failures that say nothing of the data or the set-up. When the silence query plans a batch,
 # Spark starts a Python process to read its processor's state schema and waits a fixed 10 s for
@@ -224,7 +218,6 @@ class Pipeline:
     registry: PinnedRegistry | None = None
     # When each query was last started again after a transient failure (``restart_transient``).
     restarts: dict[str, float] = field(default_factory=dict)
-    turns: Turns = field(default_factory=Turns)
 
     def checkpoint(self, query: str) -> str:
         return os.path.join(self.settings.checkpoint_root, query)
@@ -244,8 +237,7 @@ class Pipeline:
         *,
         output_mode: str = "append",
     ) -> StreamingQuery:
-        """Start ``df`` as query ``name``: its own checkpoint, the run's trigger, foreachBatch
-        (in its turn, live, for the ``TAKE_TURNS`` queries)."""
+        """Start ``df`` as query ``name``: its own checkpoint, the run's trigger, foreachBatch."""
         writer = df.writeStream.queryName(name).option(
             "checkpointLocation", self._start_checkpoint(name)
         )
@@ -253,8 +245,6 @@ class Pipeline:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=trigger_interval(self.settings, name))
-            if name in TAKE_TURNS:
-                batch_writer = self.turns.take(name, batch_writer)
         query = writer.outputMode(output_mode).foreachBatch(batch_writer).start()
         self.queries.append(query)
         return query
@@ -390,14 +380,23 @@ class Pipeline:
         return query
 
     def start_fast_log(self) -> StreamingQuery:
-        """Record the fast path's messages in ``fast_alerts`` (exactly once)."""
+        """Record the fast path's messages in ``fast_alerts`` (Delta sink: exactly once)."""
         s = self.settings
         # From the start of the alerts topic, which the pipeline itself writes: whatever the
         # telemetry's starting offsets, no fast message published before this query runs is lost.
         source = kafka_source(self.spark, s, topic=s.alerts_topic, starting_offsets="earliest")
-        writer = FastLogWriter(lake.table_path(s.lake_root, lake.FAST_ALERTS),
-                               checkpoint=self.checkpoint(FAST_LOG))  # fmt: skip
-        return self._start(source, FAST_LOG, writer)
+        rows = fast_log_rows(source)
+        query = (
+            rows.writeStream.queryName(FAST_LOG)
+            .format("delta")
+            .outputMode("append")
+            .option("checkpointLocation", self._start_checkpoint(FAST_LOG))
+            .trigger(processingTime=trigger_interval(s, FAST_LOG))
+            .start(lake.table_path(s.lake_root, lake.FAST_ALERTS))
+        )
+        assert isinstance(query, StreamingQuery)
+        self.queries.append(query)
+        return query
 
     def start_silence(self) -> StreamingQuery:
         """Silent devices and late bursts (``pipeline.silence``): the readings of the source,

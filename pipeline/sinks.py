@@ -293,41 +293,6 @@ class AfterBatch:
                                "start does it again") from self._error  # fmt: skip
 
 
-class Turns:
-    """Lets the batches of the queries that share it run one at a time (``take``).
-
-    Spark starts a processingTime trigger at each multiple of its interval counted from the
-    epoch, whenever the query started: queries on one interval, or on multiples of one, start
-    their batches in the same second. The pipeline's slow queries (silence and the fast path's
-    log once a minute, the firmware check every 30 s) did: their batches at once held the cores
-    the ingest and detection need, and the ingest batch beside them took several times its
-    usual time (docs/PERFORMANCE.md). Taking turns, each has to itself the cores the ingest and
-    detection leave, and those two never run beside more than one of them.
-
-    The wait is in ``foreachBatch``, before the batch's first job: Spark reads a micro-batch's
-    source rows when the batch's frame is first used, so a batch waiting for its turn has read
-    nothing yet.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-
-    def take(
-        self, name: str, writer: Callable[[DataFrame, int], None]
-    ) -> Callable[[DataFrame, int], None]:
-        """``writer`` (query ``name``'s ``foreachBatch``), run in its turn."""
-
-        def in_turn(batch: DataFrame, batch_id: int) -> None:
-            began = time.perf_counter()
-            with self._lock:
-                waited = time.perf_counter() - began
-                if waited >= 0.1:
-                    log.debug("%s batch %d waited %.2f s for its turn", name, batch_id, waited)
-                writer(batch, batch_id)
-
-        return in_turn
-
-
 def is_write_conflict(exc: BaseException) -> bool:
     """A Delta commit that lost to a concurrent writer (``io.delta.exceptions.Concurrent*``)."""
     text = str(exc)

@@ -11,13 +11,7 @@ import pytest
 
 from infra import contract as c
 from pipeline.alerts import alert_id_of
-from pipeline.fastpath import (
-    FastLogWriter,
-    fast_alerts,
-    fast_log_rows,
-    fast_messages,
-    realtime_master,
-)
+from pipeline.fastpath import fast_alerts, fast_log_rows, fast_messages, realtime_master
 from pipeline.features import feature_events, features_from_events, quarantine_feature_events
 from pipeline.publish import EVENT_FIELDS, alert_message, read_alert_message
 from pipeline.rules import rule_alerts
@@ -128,40 +122,6 @@ def test_messages_read_back_as_alerts_and_as_fast_alerts_rows(spark: Any, fast: 
         assert got[name].tolist() == expected[name].tolist(), name
     assert got["event_time"].tolist() == expected["first_event_time"].tolist()
     assert (got["published_at"] == pd_time(published)).all()
-
-
-def test_the_fast_log_appends_a_batch_once_even_one_deltas_own_sink_committed(
-    spark: Any, fast: Any, tmp_path: Any
-) -> None:
-    """The query used Delta's streaming sink before ``FastLogWriter``: a batch that sink
-    committed, run again by the writer on the same checkpoint (a kill before the checkpoint's
-    commit), appends nothing."""
-    raw = spark.createDataFrame(kafka_rows(FLEET), RAW_DDL)
-    messages = fast_messages(
-        fast_alerts(
-            events_and_flagged(parse_events(raw)), registry_df(spark), window_s=600, slide_s=300
-        )
-    )
-    published = START + timedelta(hours=2)
-    topic = [(m.key, m.value.encode(), "iot.alerts", 0, i, published)
-             for i, m in enumerate(messages.collect())]  # fmt: skip
-    source, table, checkpoint = (str(tmp_path / name) for name in ("topic", "table", "ckpt"))
-    spark.createDataFrame(topic, RAW_DDL).write.parquet(source)
-    query = (
-        fast_log_rows(spark.readStream.schema(RAW_DDL).parquet(source))
-        .writeStream.format("delta")
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start(table)
-    )
-    query.awaitTermination(120)
-    assert spark.read.format("delta").load(table).count() == len(topic) == 64
-
-    write = FastLogWriter(table, checkpoint)
-    write(spark.read.schema(RAW_DDL).parquet(source), 0)
-    assert spark.read.format("delta").load(table).count() == 64
-    write(spark.read.schema(RAW_DDL).parquet(source), 1)
-    assert spark.read.format("delta").load(table).count() == 128
 
 
 def flagged_fleet() -> list[tuple[Any, ...]]:

@@ -28,9 +28,11 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 # are counted either way.
 ROCKSDB_COUNTS_ROWS = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"
 # The fair scheduler's pools (the file says what each is for). Queries share the task slots of
-# one session; a query started in ALERTS_POOL (``scheduler_pool``) gets them first.
+# one session; a query started in ALERTS_POOL (``scheduler_pool``) gets them first, one in
+# INGEST_POOL next.
 SCHEDULER_POOLS = Path(__file__).with_name("scheduler_pools.xml")
 ALERTS_POOL = "alerts"
+INGEST_POOL = "ingest"
 # Generated classes the session keeps compiled (Spark's default: 100). A few kilobytes of
 # metaspace each; the running pipeline compiles more than 100 within a few batches.
 CODEGEN_CACHE_ENTRIES = 1000

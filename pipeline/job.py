@@ -45,7 +45,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from infra import lake
 from infra.errors import ConfigError
-from infra.spark import ALERTS_POOL, scheduler_pool
+from infra.spark import ALERTS_POOL, INGEST_POOL, scheduler_pool
 from pipeline.detection import FeaturesBatchWriter
 from pipeline.fastpath import fast_alerts, fast_log_rows, fast_messages
 from pipeline.features import feature_events, features_from_events, quarantine_feature_events
@@ -286,7 +286,9 @@ class Pipeline:
         writer = IngestBatchWriter(s.lake_root, s.app_id, s.dedup_horizon,
                                    checkpoint=self.checkpoint(INGEST),
                                    offsets=s.source == "kafka")  # fmt: skip
-        return self._start(self._parsed(INGEST), INGEST, writer)
+        # Its tasks after detection's, before those of the queries nobody waits for.
+        with scheduler_pool(self.spark, INGEST_POOL):
+            return self._start(self._parsed(INGEST), INGEST, writer)
 
     def start_detection(self) -> StreamingQuery:
         s = self.settings

@@ -14,7 +14,7 @@ import pytest
 
 from infra import contract as c
 from infra import lake
-from infra.spark import ALERTS_POOL
+from infra.spark import ALERTS_POOL, INGEST_POOL
 from pipeline import job
 from pipeline.detection import window_states
 from pipeline.metrics import BACKLOG
@@ -156,10 +156,10 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
         pipeline.stop()
 
     # Detection's jobs (its aggregation and its writes) ran first in line for the task slots,
-    # the ingest's behind them.
+    # the ingest's next, those of the other queries behind them.
     pools = {q.name: query_stage_pools(spark, q) for q in pipeline.queries}
     assert set(pools[job.DETECTION]) == {ALERTS_POOL} and pools[job.DETECTION][ALERTS_POOL] > 5
-    assert set(pools[job.INGEST]) == {"default"} and pools[job.INGEST]["default"] > 5
+    assert set(pools[job.INGEST]) == {INGEST_POOL} and pools[job.INGEST][INGEST_POOL] > 5
 
     metrics = table(spark, lake, "pipeline_metrics")
     assert {r.query_name for r in metrics.select("query_name").distinct().collect()} == {

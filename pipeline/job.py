@@ -286,7 +286,8 @@ class Pipeline:
         writer = IngestBatchWriter(s.lake_root, s.app_id, s.dedup_horizon,
                                    checkpoint=self.checkpoint(INGEST),
                                    offsets=s.source == "kafka")  # fmt: skip
-        # Its tasks after detection's, before those of the queries nobody waits for.
+        # Its tasks before those of the queries nobody waits for within seconds, and its first
+        # before detection's second (infra/scheduler_pools.xml).
         with scheduler_pool(self.spark, INGEST_POOL):
             return self._start(self._parsed(INGEST), INGEST, writer)
 

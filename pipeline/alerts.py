@@ -422,7 +422,8 @@ def upsert_alerts(
     merge_alerts(spark, rows, path)
 
 
-@dataclass(frozen=True)
+# eq=False: its fields are frames, which compare element by element, not to a bool.
+@dataclass(frozen=True, eq=False)
 class AlertWrites:
     """What ``alert_writes`` plans, in two steps: ``append`` (the alerts the table surely
     lacks) and ``merge`` (the rest, in one MERGE). Each publishes its rows first and tells

@@ -114,8 +114,6 @@ def to_spark(spark: SparkSession, rows: pd.DataFrame) -> DataFrame:
     schema = c.spark_ddl(c.ALERTS_COLUMNS)
     # From pandas through Arrow: naive timestamps are read in the session time zone (UTC), as
     # they were written by toPandas.
-    if not len(rows):
-        return spark.createDataFrame([], schema)
     return driver_frame(spark, rows[TABLE_COLUMNS], schema)
 
 

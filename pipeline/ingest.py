@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 
 import numpy as np
+import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -40,7 +41,7 @@ from pipeline import columns as col
 from pipeline.dedup import Bools, Int64s, SeenEvents
 from pipeline.metrics import Laps
 from pipeline.settings import seconds
-from pipeline.sinks import append, checkpoint_id, side_by_side
+from pipeline.sinks import append, checkpoint_id, driver_frame, side_by_side
 from pipeline.transforms import event_key, quarantined, valid_events
 
 log = logging.getLogger(__name__)
@@ -244,11 +245,14 @@ class IngestBatchWriter:
         is_new = self.state(spark).decide(key, times, coord, rank)
         topics = keys.column("topic").to_numpy(zero_copy_only=False)
         held, held_invalid = self.held_rows(batch, topics, partition, offset, is_new)
-        fates = [(int(r), "copy") for r in rows[~is_new & ~held]]
-        fates += [(int(r), "held") for r in np.concatenate([rows[held], held_invalid])]
+        copies, kept = rows[~is_new & ~held], np.concatenate([rows[held], held_invalid])
         valid = F.col(col.REASON).isNull()
-        if fates:
-            fate_rows = spark.createDataFrame(fates, f"{_ROW} long, _fate string")
+        if len(copies) or len(kept):
+            fates = pd.DataFrame({
+                _ROW: np.concatenate([copies, kept]).astype(np.int64),
+                "_fate": ["copy"] * len(copies) + ["held"] * len(kept),
+            })  # fmt: skip
+            fate_rows = driver_frame(spark, fates, f"{_ROW} long, _fate string")
             batch = batch.join(F.broadcast(fate_rows), _ROW, "left")
             marked = batch.where(F.col("_fate").isNull() | (F.col("_fate") != "held"))
             is_new_col = F.when(valid, F.col("_fate").isNull())

@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pandas as pd
+import pyarrow as pa
 from delta.tables import DeltaTable
 from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
@@ -31,12 +33,34 @@ CONTRACT_TABLES: dict[str, c.Columns] = {
 PARTITIONED_BY: dict[str, tuple[str, ...]] = {lake.ALERTS: c.ALERTS_PARTITIONED_BY}
 
 
-def driver_frame(spark: SparkSession, data: Any, schema: str | StructType) -> DataFrame:
-    """Rows the driver holds (pandas or a list) as a Spark frame of one partition. Spark splits
-    local data into one partition per core, and a write of it into one file per partition: a few
-    rows then make several files, each a task in every later read, scan and MERGE of the table,
-    queued behind the other queries' tasks on a busy machine."""
-    return spark.createDataFrame(data, schema).coalesce(1)
+def driver_frame(
+    spark: SparkSession,
+    data: pd.DataFrame | list[dict[str, Any]] | list[tuple[Any, ...]],
+    schema: str | StructType,
+) -> DataFrame:
+    """Rows the driver holds (pandas, or a list of dicts or of tuples in the schema's order) as a
+    Spark frame of one partition.
+
+    Through pandas and Arrow, never as a Python list: Spark turns a list into rows in Python
+    workers, one task per core each time the frame is read (and a reused worker collects its
+    garbage after every task, 0.1-0.2 s with the silence query's state in it). Spark also splits
+    local data into one partition per core, and a write of it into one file per partition: a
+    few rows then make several files, each a task in every later read, scan and MERGE of the
+    table, queued behind the other queries' tasks on a busy machine."""
+    struct = schema if isinstance(schema, StructType) else ddl_schema(schema)
+    if not isinstance(data, pd.DataFrame):
+        # A dict's keys name its values (one left out is null); a tuple's order does.
+        data = pd.DataFrame.from_records(data, columns=struct.fieldNames())
+    if not len(data):  # Spark sends an empty pandas frame as a list; an Arrow table it does not
+        return spark.createDataFrame(pa.Table.from_pandas(data, preserve_index=False), struct)
+    return spark.createDataFrame(data, struct).coalesce(1)
+
+
+def ddl_schema(ddl: str) -> StructType:
+    """``"a string, b long"`` as a StructType (needs a running SparkContext; runs no job)."""
+    struct = StructType.fromDDL(ddl)
+    assert isinstance(struct, StructType)
+    return struct
 
 
 def ensure_table(
@@ -56,7 +80,7 @@ def ensure_table(
         return
     log.info("creating Delta table %s", path)
     # A commit of the schema alone: writing an empty DataFrame would run a job as well.
-    schema = spark.createDataFrame([], c.spark_ddl(columns)).schema
+    schema = ddl_schema(c.spark_ddl(columns))
     create = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
     (create.partitionedBy(*partitioned_by) if partitioned_by else create).execute()
 

@@ -7,7 +7,7 @@ import json
 from types import SimpleNamespace
 
 from delta.tables import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from pipeline.sinks import idempotent_append
 
@@ -200,3 +200,43 @@ def test_writes_left_after_a_batch_run_in_order_and_a_query_stop_does_not_cut_th
     with pytest.raises(RuntimeError):
         after.start(spark, "batch 4", quick)
     assert order[-1] == "then", "a write after a failed one ran"
+
+
+def test_rows_the_driver_holds_become_a_frame_without_a_python_worker(
+    spark: SparkSession,
+) -> None:
+    """The metrics' dicts, the ingest's copies and the alerts' pandas rows: each a frame with
+    every value as given (a null a null, an aware time its instant) and no Python worker in its
+    lineage (a list sent as one starts a task per core each time the frame is read)."""
+    from datetime import datetime, timezone
+
+    import pandas as pd
+
+    from pipeline.sinks import driver_frame
+
+    def lineage(frame: DataFrame) -> str:
+        return str(frame._jdf.queryExecution().toRdd().toDebugString())
+
+    at = datetime(2026, 12, 7, 8, 0, 1, 250000, tzinfo=timezone.utc)
+    schema = "name string, count long, at timestamp, ratio double"
+    naive = pd.Timestamp("2026-12-07 08:00:01.25")  # pandas from toPandas: UTC, naive
+    given = {
+        "dicts": [{"name": "a", "count": 3, "at": at, "ratio": 0.5},
+                  {"name": None, "count": None, "at": None}],  # "ratio" left out
+        "tuples": [("a", 3, at, 0.5), (None, None, None, None)],
+        "pandas": pd.DataFrame({"name": ["a", None], "count": [3, None], "at": [naive, pd.NaT],
+                                "ratio": [0.5, None]}),
+    }  # fmt: skip
+    for kind, data in given.items():
+        frame = driver_frame(spark, data, schema)
+        assert frame.rdd.getNumPartitions() == 1, kind
+        assert "PythonRDD" not in lineage(frame), kind
+        assert [tuple(r) for r in frame.orderBy("name").collect()] == [
+            (None, None, None, None),
+            ("a", 3, datetime(2026, 12, 7, 8, 0, 1, 250000), 0.5),  # collect(): session time, UTC
+        ], kind
+    empty = driver_frame(spark, [], schema)
+    assert "PythonRDD" not in lineage(empty)
+    assert empty.count() == 0
+    assert empty.dtypes == [("name", "string"), ("count", "bigint"), ("at", "timestamp"),
+                            ("ratio", "double")]  # fmt: skip

@@ -423,6 +423,9 @@ def main() -> int:
                         help="start the Spark UI and report each query's executor CPU time "
                         "from its REST API")  # fmt: skip
     args = parser.parse_args()
+    if args.keep_log is not None and (args.keep_log.is_dir() or not args.keep_log.parent.is_dir()):
+        # Checked now: the copy is made after the run, when a bad path would lose its results.
+        parser.error(f"--keep-log {args.keep_log}: give a file path in an existing folder")
 
     with tempfile.TemporaryDirectory(prefix="latbench-") as tmp:
         root = Path(tmp)

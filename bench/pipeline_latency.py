@@ -423,9 +423,15 @@ def main() -> int:
                         help="start the Spark UI and report each query's executor CPU time "
                         "from its REST API")  # fmt: skip
     args = parser.parse_args()
-    if args.keep_log is not None and (args.keep_log.is_dir() or not args.keep_log.parent.is_dir()):
-        # Checked now: the copy is made after the run, when a bad path would lose its results.
-        parser.error(f"--keep-log {args.keep_log}: give a file path in an existing folder")
+    if args.keep_log is not None:
+        # Checked now by writing it: the copy is made after the run, when a path it cannot
+        # write (a folder, a missing folder, no permission) would lose the run's results.
+        try:
+            if args.keep_log.is_dir():
+                raise IsADirectoryError(21, "is a folder")
+            args.keep_log.touch()
+        except OSError as error:
+            parser.error(f"--keep-log {args.keep_log}: {error.strerror}; give a file path to write")
 
     with tempfile.TemporaryDirectory(prefix="latbench-") as tmp:
         root = Path(tmp)

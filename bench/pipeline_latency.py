@@ -51,6 +51,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -419,6 +420,9 @@ def main() -> int:
                         help="copy the pipeline's terminal and log file here at the end "
                         "(IOT_LOG_LEVEL=DEBUG in the environment adds where each ingest and "
                         "detection batch's time went)")  # fmt: skip
+    parser.add_argument("--keep-lake", type=Path, default=None,
+                        help="copy the lake's tables to this new folder at the end (to time "
+                        "maintenance on them: bench/maintenance_cost.py)")  # fmt: skip
     parser.add_argument("--cpu-by-query", action="store_true",
                         help="start the Spark UI and report each query's executor CPU time "
                         "from its REST API")  # fmt: skip
@@ -432,6 +436,10 @@ def main() -> int:
             args.keep_log.touch()
         except OSError as error:
             parser.error(f"--keep-log {args.keep_log}: {error.strerror}; give a file path to write")
+    if args.keep_lake is not None and (
+        args.keep_lake.exists() or not args.keep_lake.parent.is_dir()
+    ):
+        parser.error(f"--keep-lake {args.keep_lake}: give a new folder in an existing one")
 
     with tempfile.TemporaryDirectory(prefix="latbench-") as tmp:
         root = Path(tmp)
@@ -474,6 +482,8 @@ def main() -> int:
             "timeline": steps,
             **extra,
         }  # fmt: skip
+        if args.keep_lake is not None:
+            shutil.copytree(lake, args.keep_lake)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -124,7 +124,8 @@ def maintain() -> int:
     settings = load_settings(PipelineSettings)
     job.check_locations(settings)
     spark = build_spark_session("iotfraud-pipeline", load_settings(SparkSettings))
-    reports = maintain_tables(spark, settings)
+    # Alone on its session: compaction may take every core.
+    reports = maintain_tables(spark, settings, compaction_jobs=None)
     for report in reports:
         click.echo(report.line())
     if not reports:

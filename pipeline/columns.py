@@ -24,6 +24,8 @@ WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 EVENT_COUNT = "event_count"
 DUPLICATE_COUNT = "duplicate_count"
+# feature_changes: the detection batch that wrote the row (the latest row of a window is its state)
+BATCH_ID = "batch_id"
 # Per alert type raised from a quarantined reading (c.QUARANTINE_ALERT_TYPES): the window column
 # counting such readings.
 FLAG_COUNTS = {kind: f"{kind}_count" for kind in c.QUARANTINE_ALERT_TYPES.values()}

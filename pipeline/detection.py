@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -67,7 +68,6 @@ from pipeline.sinks import (
 log = logging.getLogger(__name__)
 
 FEATURE_KEYS = ["device_id", col.WINDOW_START]
-BATCH_ID = "batch_id"  # feature_changes: the detection batch that wrote the row
 
 
 @dataclass
@@ -281,7 +281,7 @@ def load_state(
         elif written_to < done:
             recent = recent | (F.col(col.WINDOW_END) > timestamp_literal(written_to))
         rows = changes.where(recent).toPandas()
-        parts.append(rows.sort_values(BATCH_ID, kind="stable").drop(columns=BATCH_ID))
+        parts.append(rows.sort_values(col.BATCH_ID, kind="stable").drop(columns=col.BATCH_ID))
     rows = pd.concat([p for p in parts if len(p)] or parts[:1], ignore_index=True)
     rows = rows.drop_duplicates(FEATURE_KEYS, keep="last")
     end = rows[col.WINDOW_END] <= done
@@ -305,11 +305,11 @@ def window_states(spark: SparkSession, lake_root: str) -> DataFrame:
         if closed is None:
             raise FileNotFoundError(f"no features under {lake_root}: has the pipeline run?")
         return closed
-    latest = Window.partitionBy(*FEATURE_KEYS).orderBy(F.col(BATCH_ID).desc())
+    latest = Window.partitionBy(*FEATURE_KEYS).orderBy(F.col(col.BATCH_ID).desc())
     still_open = (
         changes.withColumn("_latest", F.row_number().over(latest) == 1)
         .where("_latest")
-        .drop("_latest", BATCH_ID)
+        .drop("_latest", col.BATCH_ID)
     )
     if closed is None:
         return still_open
@@ -453,7 +453,7 @@ class FeaturesBatchWriter:
             # attempt's, batch id included, and every reader takes one row per window (the
             # latest batch's).
             if len(received):
-                append(windows.withColumn(BATCH_ID, F.lit(batch_id).cast("long")),
+                append(windows.withColumn(col.BATCH_ID, F.lit(batch_id).cast("long")),
                        path(lake.FEATURE_CHANGES), rows=len(received),
                        merge_schema=True)  # fmt: skip
 
@@ -537,6 +537,12 @@ class FeaturesBatchWriter:
         writes[0].merge(spark)
         if closed.done is not None:
             self.written.forget_until(closed.done)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No batch runs inside (one running is finished first)."""
+        with self._lock:
+            yield
 
     def write_if_idle(self) -> None:
         """Start what the last closing batch left for after the next batch (``_merge``, the

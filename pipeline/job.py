@@ -35,7 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -313,6 +313,11 @@ class Pipeline:
         # a silence may come a little later.
         with scheduler_pool(self.spark, ALERTS_POOL):
             return self._start(features, DETECTION, writer, output_mode="update")
+
+    def hold_detection(self) -> AbstractContextManager[object]:
+        """Inside, detection runs no batch (one running is finished first): the trim of its
+        changelog (``pipeline.maintenance.prune_changes``) loses to any append it commits."""
+        return self.detection.paused() if self.detection is not None else nullcontext()
 
     @property
     def checks_firmware(self) -> bool:
@@ -680,7 +685,7 @@ def run_until_stopped(
     ``drain`` is set too, the queries first process what their sources hold (a stop that loses
     no time: the demo's, once its simulator has stopped)."""
     interval = pipeline.settings.status_interval_s
-    maintenance = Maintenance(pipeline.spark, pipeline.settings)
+    maintenance = Maintenance(pipeline.spark, pipeline.settings, pipeline.hold_detection)
     try:
         while not stop.wait(interval):
             pipeline.flush_metrics()
@@ -708,6 +713,8 @@ class Maintenance:
 
     spark: SparkSession
     settings: PipelineSettings
+    # Holds detection's next batch back (``Pipeline.hold_detection``).
+    hold_changes: Callable[[], AbstractContextManager[object]] = nullcontext
     clock: Callable[[], float] = time.monotonic
     thread: threading.Thread | None = None
     last: float | None = None
@@ -725,6 +732,10 @@ class Maintenance:
 
         self.last = now
         self.thread = InheritableThread(
-            target=maintain, args=(self.spark, self.settings), name="maintenance", daemon=True
+            target=maintain,
+            args=(self.spark, self.settings),
+            kwargs={"hold_changes": self.hold_changes},
+            name="maintenance",
+            daemon=True,
         )
         self.thread.start()

@@ -5,10 +5,11 @@ A streaming table gets one or more small files per micro-batch; readers (the das
 a restart's state load) open every file, so their cost grows with the count, not the rows.
 ``maintain`` runs, per table:
 
-1. ``feature_changes`` only: deletes the rows no restart reads any more (windows that closed
-   long ago; their final rows are in ``features``).
-2. OPTIMIZE (bin-packing compaction of the small files; files already large are left alone, so
-   a table is not rewritten again and again as it grows).
+1. ``feature_changes``: deletes the batches no restart reads any more (their windows closed
+   long ago; the final rows are in ``features``). It is not compacted: its rows are
+   superseded within a batch or two and deleted within the next rounds.
+2. The others: OPTIMIZE (bin-packing compaction of the small files; files already large are
+   left alone, so a table is not rewritten again and again as it grows).
 3. VACUUM with the retention of the settings (each table's own, set by
    ``apply_table_properties`` when the pipeline starts): files that compaction or deletion
    replaced are deleted once older than that. Readers still on an older snapshot, streams
@@ -16,17 +17,20 @@ a restart's state load) open every file, so their cost grows with the count, not
    own (7 days).
 
 It runs inside ``pipeline run`` every ``IOT_PIPELINE_MAINTENANCE_INTERVAL`` on a thread of its
-own, and on demand with ``iotfraud maintain``. Its commits change neither data nor metadata, so
-they conflict with nothing the streaming queries append, and an alerts MERGE that meets one is
-retried (``pipeline.sinks.retry_on_conflict``); a maintenance step that loses is logged and
-tried again next time.
+own, and on demand with ``iotfraud maintain``. Compaction and VACUUM change no data and no
+metadata, so they conflict with nothing the streaming queries append, and an alerts MERGE that
+meets one is retried (``pipeline.sinks.retry_on_conflict``). The changelog's DELETE does
+change data: the running pipeline holds detection's next batch back while it commits
+(``prune_changes``). A maintenance step that loses is logged and tried again next time.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
@@ -34,9 +38,14 @@ from pyspark.sql import functions as F
 
 from infra import lake
 from pipeline import columns as col
+from pipeline.metrics import Laps
 from pipeline.settings import PipelineSettings, seconds
+from pipeline.sinks import retry_on_conflict
 
 log = logging.getLogger(__name__)
+
+# What keeps the changelog's writer from appending while its trim runs (``prune_changes``).
+Hold = Callable[[], AbstractContextManager[object]]
 
 # The tables the pipeline writes, in the order they are maintained.
 MAINTAINED = (
@@ -65,14 +74,17 @@ class TableReport:
     files_vacuumed: int
     seconds: float
     error: str | None = None
+    # Seconds per step (trim, compact, vacuum): where a slow round's time went.
+    steps: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
         if self.error:
             return f"{self.table}: failed ({self.error})"
         deleted = f", {self.rows_deleted:,} changelog rows deleted" if self.rows_deleted else ""
+        steps = "".join(f", {step} {took:.1f}" for step, took in self.steps.items())
         return (
             f"{self.table}: {self.files_before:,} -> {self.files_after:,} files{deleted}, "
-            f"{self.files_vacuumed:,} old files removed ({self.seconds:.1f} s)"
+            f"{self.files_vacuumed:,} old files removed ({self.seconds:.1f} s{steps})"
         )
 
 
@@ -89,17 +101,42 @@ def changes_kept_s(settings: PipelineSettings) -> float:
     return seconds(settings.watermark) + 2 * seconds(settings.window) + 3600
 
 
-def prune_changes(spark: SparkSession, table: DeltaTable, keep_s: float) -> int:
-    """Delete the changelog rows of windows that ended more than ``keep_s`` before the newest
-    event; returns how many rows went."""
+def prune_changes(
+    spark: SparkSession, table: DeltaTable, keep_s: float, hold: Hold = nullcontext
+) -> int:
+    """Delete the changelog rows of the batches whose windows all ended more than ``keep_s``
+    before the newest event; returns how many rows went.
+
+    The DELETE runs inside ``hold()``, which in the running pipeline holds detection's next
+    batch back: Delta checks a DELETE as serializable, so an append committed while it runs
+    fails it, and detection appends to this table every batch, more often than a round came
+    between two of them (docs/PERFORMANCE.md). Elsewhere (``iotfraud maintain`` beside a
+    running pipeline) it is retried.
+
+    Whole batches, not rows: every detection batch appends its own files, so a batch deleted
+    whole is files removed, none rewritten. Cut at a window's end, the files of the batches
+    that straddle the cut were rewritten, with the rows they kept: 710,054 rows copied to delete
+    146,885 in 10 minutes of 25,000 devices (docs/PERFORMANCE.md). A straddling batch goes at
+    the next round. Grouped by batch id, so a batch id used twice (a checkpoint started afresh)
+    goes only when all its rows may.
+    """
     newest = table.toDF().agg(F.max("last_event_time")).first()
     if newest is None or newest[0] is None:
         return 0
     cutoff = F.lit(newest[0]) - F.expr(f"INTERVAL {int(keep_s)} SECONDS")
-    before = table.toDF().where(F.col(col.WINDOW_END) < cutoff).count()
-    if before:
-        table.delete(F.col(col.WINDOW_END) < cutoff)
-    return before
+    done = (
+        table.toDF()
+        .groupBy(col.BATCH_ID)
+        .agg(F.max(col.WINDOW_END).alias("end"), F.count(F.lit(1)).alias("rows"))
+        .where(F.col("end") < cutoff)
+        .collect()
+    )
+    if done:
+        ids = [row[col.BATCH_ID] for row in done]
+        with hold():
+            retry_on_conflict(lambda: table.delete(F.col(col.BATCH_ID).isin(ids)),
+                              "the trim of feature_changes")  # fmt: skip
+    return sum(int(row["rows"]) for row in done)
 
 
 RETENTION = "delta.deletedFileRetentionDuration"
@@ -148,22 +185,31 @@ def apply_table_properties(spark: SparkSession, settings: PipelineSettings) -> N
 
 
 def maintain_table(
-    spark: SparkSession, name: str, path: str, settings: PipelineSettings
+    spark: SparkSession, name: str, path: str, settings: PipelineSettings, hold: Hold = nullcontext
 ) -> TableReport | None:
     if not DeltaTable.isDeltaTable(spark, path):
         return None
     started = time.monotonic()
     table = DeltaTable.forPath(spark, path)
     before = active_files(table)
-    deleted = prune_changes(spark, table, changes_kept_s(settings)) if (
-        name == lake.FEATURE_CHANGES
-    ) else 0  # fmt: skip
-    table.optimize().executeCompaction()
+    laps = Laps()
+    deleted = 0
+    if name == lake.FEATURE_CHANGES:
+        # Trimmed, not compacted: nearly every row in it is superseded by a later batch's row of
+        # the same window and deleted within the next rounds. Compaction rewrote them all
+        # (3.6 GB an hour at 25,000 devices), and packed windows of hours apart into one file,
+        # which a reader of recent windows (a restart, the dashboard) then opened anyway.
+        deleted = prune_changes(spark, table, changes_kept_s(settings), hold)
+        laps("trim")
+    else:
+        table.optimize().executeCompaction()
+        laps("compact")
     # VACUUM takes the table's own retention (``apply_table_properties`` set it from settings).
     # The Python API's vacuum() says nothing of what it deleted; a dry run lists it first.
     vacuumed = spark.sql(f"VACUUM delta.`{path}` DRY RUN").count()
     if vacuumed:
         table.vacuum()
+    laps("vacuum")
     return TableReport(
         table=name,
         files_before=before,
@@ -171,18 +217,36 @@ def maintain_table(
         rows_deleted=deleted,
         files_vacuumed=vacuumed,
         seconds=time.monotonic() - started,
+        steps=laps.seconds(),
     )
 
 
-def maintain(spark: SparkSession, settings: PipelineSettings) -> list[TableReport]:
-    """Maintain every table the pipeline writes; a table that fails is reported, not raised."""
+def maintain(
+    spark: SparkSession,
+    settings: PipelineSettings,
+    *,
+    compaction_jobs: int | None = 1,
+    hold_changes: Hold = nullcontext,
+) -> list[TableReport]:
+    """Maintain every table the pipeline writes; a table that fails is reported, not raised.
+
+    ``hold_changes``: keeps ``feature_changes``'s writer (detection) from appending while its
+    trim commits (``prune_changes``).
+
+    ``compaction_jobs``: how many files OPTIMIZE writes at a time (Delta's default, 15, if
+    None). Each is one task that holds a core until its file is written, seconds at a time, and
+    a running task is never preempted; beside the streaming queries one at a time leaves them
+    the other cores (docs/PERFORMANCE.md).
+    """
     spark.conf.set("spark.databricks.delta.optimize.minFileSize", str(COMPACT_MIN_FILE_BYTES))
     spark.conf.set("spark.databricks.delta.optimize.maxFileSize", str(COMPACT_MAX_FILE_BYTES))
+    if compaction_jobs is not None:
+        spark.conf.set("spark.databricks.delta.optimize.maxThreads", str(compaction_jobs))
     reports = []
     for name in MAINTAINED:
         path = lake.table_path(settings.lake_root, name)
         try:
-            report = maintain_table(spark, name, path, settings)
+            report = maintain_table(spark, name, path, settings, hold_changes)
         except Exception as exc:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             log.warning("maintenance of %s failed, will try again next time: %s", name, first_line)

@@ -214,12 +214,15 @@ class Laps:
 
     def __init__(self) -> None:
         self.last = time.perf_counter()
-        self.laps: list[str] = []
+        self.laps: list[tuple[str, float]] = []
 
     def __call__(self, name: str) -> None:
         now = time.perf_counter()
-        self.laps.append(f"{name} {now - self.last:.2f} s")
+        self.laps.append((name, now - self.last))
         self.last = now
 
+    def seconds(self) -> dict[str, float]:
+        return dict(self.laps)
+
     def __str__(self) -> str:
-        return ", ".join(self.laps)
+        return ", ".join(f"{name} {took:.2f} s" for name, took in self.laps)

@@ -8,13 +8,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from functools import reduce
 from pathlib import Path
 from typing import Any
 
 import pytest
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame
 
 from infra import lake as tables
 from pipeline.maintenance import active_files, apply_table_properties, maintain
@@ -120,20 +118,98 @@ def test_a_pipeline_start_gives_each_table_the_properties_of_its_settings(
         unset_table_defaults(spark)
 
 
+def sliding(spark: Any, batch: int, devices: int = 3, minute: int | None = None) -> Any:
+    """A detection batch's changelog rows: every device's two sliding windows (10 minutes,
+    sliding by 5), ending 5 and 10 minutes after ``minute`` (10 x batch unless given), the
+    newest event 4 minutes after it."""
+    at = T0 + timedelta(minutes=10 * batch if minute is None else minute)
+    rows = [
+        (f"d{d}", at - timedelta(minutes=m), at + timedelta(minutes=10 - m),
+         at + timedelta(minutes=4), 5, batch)
+        for d in range(devices) for m in (5, 0)
+    ]  # fmt: skip
+    return spark.createDataFrame(rows, SCHEMA)
+
+
 def test_the_feature_changelog_keeps_what_a_restart_reads(spark: Any, lake: str) -> None:
     path = tables.table_path(lake, tables.FEATURE_CHANGES)
-    # Five hours of windows; the newest event is at about 13:04.
-    for first in range(0, 60, 10):  # six appends of ten batches each
-        batches = [windows(spark, 5 * b, b) for b in range(first, first + 10)]
-        reduce(DataFrame.unionByName, batches).write.format("delta").mode("append").save(path)
+    # Five hours of batches, ten minutes apart, each its own append (as detection writes them).
+    for batch in range(30):
+        sliding(spark, batch).coalesce(1).write.format("delta").mode("append").save(path)
     settings = PipelineSettings(lake_root=lake, window="10 minutes", watermark="5 minutes")
     (report,) = [r for r in maintain(spark, settings) if r.table == tables.FEATURE_CHANGES]
-    # Kept: windows ending after newest - (watermark + 2 windows + 1 hour) = 11:39.
+    # The newest event is 12:54; kept: the batches with a window ending after
+    # newest - (watermark + 2 windows + 1 hour) = 11:29. Batch 20's windows end at 11:25 and
+    # 11:30: it stays whole, though one of its windows ended before the cut.
     kept = spark.read.format("delta").load(path)
-    ends = [r.window_end for r in kept.select("window_end").distinct().collect()]
-    assert min(ends) == datetime(2026, 11, 25, 11, 40)
-    assert report.rows_deleted == 3 * 60 - kept.count()
-    assert report.files_after == 1
+    batches = sorted(r.batch_id for r in kept.select("batch_id").distinct().collect())
+    assert batches == list(range(20, 30))
+    assert kept.count() == 10 * 6
+    assert min(r.window_end for r in kept.select("window_end").collect()) == datetime(
+        2026, 11, 25, 11, 25
+    )
+    assert report.rows_deleted == 20 * 6
+    # Whole batches went: files removed, none rewritten; and none compacted.
+    deleted = DeltaTable.forPath(spark, path).history().where("operation = 'DELETE'").collect()
+    assert [int(h.operationMetrics["numCopiedRows"]) for h in deleted] == [0]
+    assert report.files_after == len(kept.inputFiles()) == report.files_before - 20
+
+
+def test_the_changelog_trim_beside_detection_appending_holds_its_batches_back(
+    spark: Any, lake: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Delta checks a DELETE as serializable: an append committed while it runs fails it, and
+    the live pipeline's detection appends to the changelog every few seconds. The trim commits
+    while detection's batches are held back (the lock ``hold_changes`` takes), so it never
+    conflicts (a conflict would be retried, and logged)."""
+    import threading
+
+    path = tables.table_path(lake, tables.FEATURE_CHANGES)
+    # 200 batches a minute apart, a file each (as detection writes them), in one write.
+    old = [sliding(spark, batch, minute=batch) for batch in range(200)]
+    rows = old[0].sparkSession.createDataFrame(
+        [row for frame in old for row in frame.collect()], SCHEMA
+    )
+    rows.orderBy("batch_id").coalesce(1).write.format("delta").option("maxRecordsPerFile", 6).save(
+        path
+    )
+    held, done, appended, errors = threading.Lock(), threading.Event(), [], []
+    numbers = iter(range(200, 10**6))
+
+    def detection() -> None:
+        try:
+            while not done.is_set():
+                batch = next(numbers)
+                # Windows as recent as batch 199's: the trim's cut does not move.
+                rows = sliding(spark, batch, minute=199)
+                with held:
+                    rows.write.format("delta").mode("append").save(path)
+                appended.append(batch)
+        except BaseException as exc:
+            errors.append(exc)
+
+    # Two appending threads: an append commits every fraction of a second.
+    writers = [threading.Thread(target=detection) for _ in range(2)]
+    for writer in writers:
+        writer.start()
+    while len(appended) < 2:  # appending before and throughout the round
+        done.wait(0.1)
+    settings = PipelineSettings(lake_root=lake, window="10 minutes", watermark="5 minutes")
+    caplog.set_level("INFO", logger="pipeline.sinks")
+    try:
+        reports = maintain(spark, settings, hold_changes=lambda: held)
+    finally:
+        done.set()
+        for writer in writers:
+            writer.join(60)
+    assert not errors, errors[0]
+    (report,) = [r for r in reports if r.table == tables.FEATURE_CHANGES]
+    assert report.error is None
+    assert "conflicted with a concurrent commit" not in caplog.text
+    # Newest event 11:23; the cut 09:58: batches 0-107 (windows ending by 09:57) went.
+    assert report.rows_deleted == 108 * 6
+    kept = spark.read.format("delta").load(path).select("batch_id").distinct().collect()
+    assert sorted(r.batch_id for r in kept) == list(range(108, 200)) + sorted(appended)
 
 
 def test_iotfraud_maintain_reports_each_table(lake: str, spark: Any, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ def test_maintenance_runs_once_per_interval_and_never_twice_at_once(
 ) -> None:
     release, runs = threading.Event(), []
 
-    def maintain(spark: Any, settings: PipelineSettings) -> None:
+    def maintain(spark: Any, settings: PipelineSettings, **kwargs: Any) -> None:
         runs.append(settings.maintenance_interval)
         release.wait(5)
 
@@ -45,7 +45,7 @@ def test_maintenance_runs_once_per_interval_and_never_twice_at_once(
 
 
 def test_an_interval_of_zero_switches_maintenance_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("pipeline.maintenance.maintain", lambda *a: pytest.fail("ran"))
+    monkeypatch.setattr("pipeline.maintenance.maintain", lambda *a, **k: pytest.fail("ran"))
     now = [0.0]
     off = job.Maintenance(None, PipelineSettings(maintenance_interval="0 seconds"),  # type: ignore[arg-type]
                           clock=lambda: now[0])  # fmt: skip

@@ -1,0 +1,102 @@
+"""What a maintenance round (``pipeline.maintenance.maintain``) costs, per table and step, on a
+copy of a lake the live pipeline wrote.
+
+Usage::
+
+    .venv/bin/python bench/pipeline_latency.py --rate 5000 --seconds 600 --devices 25000 \\
+        --keep-lake DIR   # with IOT_PIPELINE_MAINTENANCE_INTERVAL="0 seconds": no round yet
+    .venv/bin/python bench/maintenance_cost.py --lake DIR [--runs 2]
+
+Each run copies ``--lake`` to a temp folder and maintains it as the running pipeline would
+(``local[2]``, the settings' retention, the table properties a start gives), alone: what a round
+costs the cores, not what it does to the queries beside it (``bench/pipeline_latency.py`` with
+``IOT_PIPELINE_MAINTENANCE_INTERVAL`` shows that). It prints, per run and table, the files before
+and after, the seconds of each step, the Spark jobs the table's round ran and their tasks, and the
+executor CPU seconds of those tasks (the Spark UI's REST API).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from infra.settings import SparkSettings
+from infra.spark import build_spark_session
+from pipeline.maintenance import apply_table_properties, maintain
+from pipeline.settings import PipelineSettings
+
+UI_PORT = 4047
+
+
+def jobs_since(seen: set[int]) -> list[dict[str, Any]]:
+    """Spark jobs the UI lists that ``seen`` lacks (it gets them added)."""
+    url = f"http://127.0.0.1:{UI_PORT}/api/v1/applications"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        app = json.load(response)[0]["id"]
+    with urllib.request.urlopen(f"{url}/{app}/jobs", timeout=30) as response:
+        jobs = [j for j in json.load(response) if j["jobId"] not in seen]
+    seen.update(j["jobId"] for j in jobs)
+    return jobs
+
+
+def stage_cpu_s(stage_ids: list[int]) -> float:
+    url = f"http://127.0.0.1:{UI_PORT}/api/v1/applications"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        app = json.load(response)[0]["id"]
+    total_ns = 0
+    for stage in stage_ids:
+        with urllib.request.urlopen(f"{url}/{app}/stages/{stage}", timeout=30) as response:
+            total_ns += sum(attempt.get("executorCpuTime", 0) for attempt in json.load(response))
+    return total_ns / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lake", type=Path, required=True, help="a lake folder to copy")
+    parser.add_argument("--runs", type=int, default=2, help="each on a fresh copy")
+    args = parser.parse_args()
+    if not (args.lake / "telemetry" / "_delta_log").is_dir():
+        raise SystemExit(f"{args.lake} holds no telemetry table: give a lake folder")
+
+    spark = build_spark_session(
+        "maintenance-cost",
+        SparkSettings(master="local[2]"),
+        extra_conf={"spark.ui.enabled": "true", "spark.ui.port": str(UI_PORT)},
+    )
+    seen: set[int] = set()
+    results = []
+    for run in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="maintcost-") as tmp:
+            lake = str(Path(tmp) / "lake")
+            shutil.copytree(args.lake, lake)
+            settings = PipelineSettings(lake_root=lake)
+            apply_table_properties(spark, settings)
+            jobs_since(seen)
+            started = time.perf_counter()
+            reports = maintain(spark, settings)
+            took = time.perf_counter() - started
+            jobs = jobs_since(seen)
+            stages = [s for j in jobs for s in j["stageIds"]]
+            results.append({
+                "run": run,
+                "seconds": round(took, 1),
+                "spark_jobs": len(jobs),
+                "tasks": sum(j["numTasks"] for j in jobs),
+                "executor_cpu_s": round(stage_cpu_s(stages), 1),
+                "tables": {r.table: {"files": [r.files_before, r.files_after],
+                                     "seconds": round(r.seconds, 1),
+                                     "steps": {k: round(v, 1) for k, v in r.steps.items()},
+                                     "error": r.error} for r in reports},
+            })  # fmt: skip
+            print(json.dumps(results[-1]), flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

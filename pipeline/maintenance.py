@@ -109,9 +109,10 @@ def prune_changes(
 
     The DELETE runs inside ``hold()``, which in the running pipeline holds detection's next
     batch back: Delta checks a DELETE as serializable, so an append committed while it runs
-    fails it, and detection appends to this table every batch, more often than a round came
-    between two of them (docs/PERFORMANCE.md). Elsewhere (``iotfraud maintain`` beside a
-    running pipeline) it is retried.
+    fails it, and detection appends to this table every batch (every second or two at low
+    rates): a DELETE that runs for seconds may find no gap, retried or not (docs/PERFORMANCE.md,
+    session 78). ``iotfraud maintain`` beside a running pipeline can only retry; when it fails,
+    the pipeline's next round trims.
 
     Whole batches, not rows: every detection batch appends its own files, so a batch deleted
     whole is files removed, none rewritten. Cut at a window's end, the files of the batches
@@ -197,8 +198,8 @@ def maintain_table(
     if name == lake.FEATURE_CHANGES:
         # Trimmed, not compacted: nearly every row in it is superseded by a later batch's row of
         # the same window and deleted within the next rounds. Compaction rewrote them all
-        # (3.6 GB an hour at 25,000 devices), and packed windows of hours apart into one file,
-        # which a reader of recent windows (a restart, the dashboard) then opened anyway.
+        # (about 3.5 GB an hour at 25,000 devices), while its readers (a restart, the
+        # dashboard) read the recent windows, mostly in files written since the last round.
         deleted = prune_changes(spark, table, changes_kept_s(settings), hold)
         laps("trim")
     else:

@@ -31,12 +31,10 @@ from infra.spark import build_spark_session
 from pipeline.maintenance import apply_table_properties, maintain
 from pipeline.settings import PipelineSettings
 
-UI_PORT = 4047
 
-
-def jobs_since(seen: set[int]) -> list[dict[str, Any]]:
-    """Spark jobs the UI lists that ``seen`` lacks (it gets them added)."""
-    url = f"http://127.0.0.1:{UI_PORT}/api/v1/applications"
+def jobs_since(ui: str, seen: set[int]) -> list[dict[str, Any]]:
+    """Spark jobs the UI at ``ui`` lists that ``seen`` lacks (it gets them added)."""
+    url = f"{ui}/api/v1/applications"
     with urllib.request.urlopen(url, timeout=10) as response:
         app = json.load(response)[0]["id"]
     with urllib.request.urlopen(f"{url}/{app}/jobs", timeout=30) as response:
@@ -45,8 +43,8 @@ def jobs_since(seen: set[int]) -> list[dict[str, Any]]:
     return jobs
 
 
-def stage_cpu_s(stage_ids: list[int]) -> float:
-    url = f"http://127.0.0.1:{UI_PORT}/api/v1/applications"
+def stage_cpu_s(ui: str, stage_ids: list[int]) -> float:
+    url = f"{ui}/api/v1/applications"
     with urllib.request.urlopen(url, timeout=10) as response:
         app = json.load(response)[0]["id"]
     total_ns = 0
@@ -67,8 +65,12 @@ def main() -> None:
     spark = build_spark_session(
         "maintenance-cost",
         SparkSettings(master="local[2]"),
-        extra_conf={"spark.ui.enabled": "true", "spark.ui.port": str(UI_PORT)},
+        extra_conf={"spark.ui.enabled": "true"},
     )
+    # The port Spark took (the next free one when its default is in use).
+    ui = spark.sparkContext.uiWebUrl
+    if ui is None:
+        raise SystemExit("the Spark UI did not start: its REST API gives the jobs")
     seen: set[int] = set()
     results = []
     for run in range(args.runs):
@@ -77,18 +79,18 @@ def main() -> None:
             shutil.copytree(args.lake, lake)
             settings = PipelineSettings(lake_root=lake)
             apply_table_properties(spark, settings)
-            jobs_since(seen)
+            jobs_since(ui, seen)
             started = time.perf_counter()
             reports = maintain(spark, settings)
             took = time.perf_counter() - started
-            jobs = jobs_since(seen)
+            jobs = jobs_since(ui, seen)
             stages = [s for j in jobs for s in j["stageIds"]]
             results.append({
                 "run": run,
                 "seconds": round(took, 1),
                 "spark_jobs": len(jobs),
                 "tasks": sum(j["numTasks"] for j in jobs),
-                "executor_cpu_s": round(stage_cpu_s(stages), 1),
+                "executor_cpu_s": round(stage_cpu_s(ui, stages), 1),
                 "tables": {r.table: {"files": [r.files_before, r.files_after],
                                      "seconds": round(r.seconds, 1),
                                      "steps": {k: round(v, 1) for k, v in r.steps.items()},

@@ -22,9 +22,10 @@ import json
 import shutil
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from spark_ui import application, rest, stage_cpu_s
 
 from infra.settings import SparkSettings
 from infra.spark import build_spark_session
@@ -32,26 +33,11 @@ from pipeline.maintenance import apply_table_properties, maintain
 from pipeline.settings import PipelineSettings
 
 
-def jobs_since(ui: str, seen: set[int]) -> list[dict[str, Any]]:
-    """Spark jobs the UI at ``ui`` lists that ``seen`` lacks (it gets them added)."""
-    url = f"{ui}/api/v1/applications"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        app = json.load(response)[0]["id"]
-    with urllib.request.urlopen(f"{url}/{app}/jobs", timeout=30) as response:
-        jobs = [j for j in json.load(response) if j["jobId"] not in seen]
+def jobs_since(ui: str, app: str, seen: set[int]) -> list[dict[str, Any]]:
+    """Spark jobs the UI lists that ``seen`` lacks (it gets them added)."""
+    jobs = [j for j in rest(ui, f"/applications/{app}/jobs") if j["jobId"] not in seen]
     seen.update(j["jobId"] for j in jobs)
     return jobs
-
-
-def stage_cpu_s(ui: str, stage_ids: list[int]) -> float:
-    url = f"{ui}/api/v1/applications"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        app = json.load(response)[0]["id"]
-    total_ns = 0
-    for stage in stage_ids:
-        with urllib.request.urlopen(f"{url}/{app}/stages/{stage}", timeout=30) as response:
-            total_ns += sum(attempt.get("executorCpuTime", 0) for attempt in json.load(response))
-    return total_ns / 1e9
 
 
 def main() -> None:
@@ -71,6 +57,7 @@ def main() -> None:
     ui = spark.sparkContext.uiWebUrl
     if ui is None:
         raise SystemExit("the Spark UI did not start: its REST API gives the jobs")
+    app = application(ui)
     seen: set[int] = set()
     results = []
     for run in range(args.runs):
@@ -79,18 +66,20 @@ def main() -> None:
             shutil.copytree(args.lake, lake)
             settings = PipelineSettings(lake_root=lake)
             apply_table_properties(spark, settings)
-            jobs_since(ui, seen)
+            jobs_since(ui, app, seen)
             started = time.perf_counter()
             reports = maintain(spark, settings)
             took = time.perf_counter() - started
-            jobs = jobs_since(ui, seen)
-            stages = [s for j in jobs for s in j["stageIds"]]
+            jobs = jobs_since(ui, app, seen)
+            stages = {s for j in jobs for s in j["stageIds"]}
+            complete = rest(ui, f"/applications/{app}/stages?status=complete")
             results.append({
                 "run": run,
                 "seconds": round(took, 1),
                 "spark_jobs": len(jobs),
                 "tasks": sum(j["numTasks"] for j in jobs),
-                "executor_cpu_s": round(stage_cpu_s(ui, stages), 1),
+                "executor_cpu_s": round(sum(stage_cpu_s(s) for s in complete
+                                          if s["stageId"] in stages), 1),
                 "tables": {r.table: {"files": [r.files_before, r.files_after],
                                      "seconds": round(r.seconds, 1),
                                      "steps": {k: round(v, 1) for k, v in r.steps.items()},

@@ -63,6 +63,7 @@ from typing import Any
 
 import pandas as pd
 from bench_broker import bench_broker
+from spark_ui import application, rest, stage_cpu_s
 
 from infra.logs import log_file
 from iotfraud.demo import alert_latency, table_rows
@@ -153,29 +154,23 @@ def executor_cpu_by_query(lake: str, ui: str = "http://localhost:4040") -> dict[
     query, from the Spark UI's REST API: a streaming query's jobs carry its run id as their job
     group, its foreachBatch's jobs included. Driver work (planning, pandas, Delta's commit
     protocol) is not in it."""
-    from urllib.request import urlopen
-
-    def get(path: str) -> Any:
-        with urlopen(f"{ui}/api/v1{path}", timeout=60) as response:
-            return json.load(response)
-
     names = {
         str(row["run_id"]): str(row["query_name"])
         for row in table_rows(lake, "pipeline_metrics", ["run_id", "query_name"])
     }
-    app = get("/applications")[0]["id"]
+    app = application(ui)
     # The writes a detection batch leaves to run after it have a group of their own.
     after = AfterBatch.JOB_GROUP_SUFFIX
     group_of = {
         stage: names.get((job.get("jobGroup") or "").removesuffix(after), "other")
-        for job in get(f"/applications/{app}/jobs")
+        for job in rest(ui, f"/applications/{app}/jobs")
         for stage in job["stageIds"]
     }
     out: dict[str, dict[str, float]] = {}
-    for stage in get(f"/applications/{app}/stages?status=complete"):
+    for stage in rest(ui, f"/applications/{app}/stages?status=complete"):
         query = out.setdefault(group_of.get(stage["stageId"], "other"),
                                {"cpu_s": 0.0, "run_s": 0.0, "tasks": 0})  # fmt: skip
-        query["cpu_s"] += (stage["executorCpuTime"] + stage["executorDeserializeCpuTime"]) / 1e9
+        query["cpu_s"] += stage_cpu_s(stage)
         query["run_s"] += stage["executorRunTime"] / 1000
         query["tasks"] += stage["numCompleteTasks"]
     return {name: {k: round(v, 1) for k, v in row.items()} for name, row in sorted(out.items())}

@@ -56,7 +56,7 @@ from pipeline.firmware import (
     unauthorized_changes,
 )
 from pipeline.ingest import IngestBatchWriter
-from pipeline.maintenance import apply_table_properties
+from pipeline.maintenance import Hold, apply_table_properties
 from pipeline.metrics import MetricsListener, rocksdb_counts_rows
 from pipeline.publish import (
     AlertPublisher,
@@ -714,7 +714,7 @@ class Maintenance:
     spark: SparkSession
     settings: PipelineSettings
     # Holds detection's next batch back (``Pipeline.hold_detection``).
-    hold_changes: Callable[[], AbstractContextManager[object]] = nullcontext
+    hold_changes: Hold = nullcontext
     clock: Callable[[], float] = time.monotonic
     thread: threading.Thread | None = None
     last: float | None = None

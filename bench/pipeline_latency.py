@@ -30,10 +30,12 @@ Then it lets the pipeline drain (at most ``--drain`` seconds) and prints a JSON 
   ingest latency p95 of the rows written in that step;
 - whether the pipeline kept up: rows in the lake at the end of sending vs messages sent;
 - with ``--health-every S``, every S seconds: per table the data files a reader opens (the
-  current snapshot) and the Parquet files on disk, and the time the dashboard's overview page
-  takes to read the lake (its reads, last hour); set ``IOT_PIPELINE_MAINTENANCE_INTERVAL`` and
-  ``IOT_PIPELINE_VACUUM_RETENTION`` in the environment to see maintenance at work in a short
-  run (``0 seconds`` switches it off, to compare).
+  current snapshot) and the Parquet files on disk, the time the dashboard's overview page
+  takes to read the lake (its reads, last hour), and the time an analyst's look at the newest
+  alert takes (its window's features, the device's telemetry in the window); set
+  ``IOT_PIPELINE_MAINTENANCE_INTERVAL`` and ``IOT_PIPELINE_VACUUM_RETENTION`` in the
+  environment to see maintenance at work in a short run (``0 seconds`` switches it off, to
+  compare).
 
 A device reports every 10-30 s by default (about 20 s on average; ``IOT_SIM_INTERVAL_MIN_S`` and
 ``IOT_SIM_INTERVAL_MAX_S`` in the environment change it), so ``--devices`` of about 20 x
@@ -281,9 +283,11 @@ HEALTH_TABLES = ("telemetry", "quarantine", "feature_changes", "features", "aler
 
 
 def table_health(lake: str) -> dict[str, Any]:
-    """Files per table (in the snapshot / on disk) and the dashboard overview's read time."""
+    """Files per table (in the snapshot / on disk), and the read time of the dashboard overview
+    and of an alert's detail."""
     from datetime import timedelta
 
+    import polars as pl
     from deltalake import DeltaTable
 
     from dashboard import data
@@ -299,13 +303,27 @@ def table_health(lake: str) -> dict[str, Any]:
     started = time.perf_counter()
     until = data.utcnow()
     since = until - timedelta(hours=1)
-    data.open_alerts(data.read_alerts(lake, since=since, until=until), data.read_feedback(lake))
+    alerts = data.read_alerts(lake, since=since, until=until)
+    data.open_alerts(alerts, data.read_feedback(lake))
     data.read_pipeline_metrics(lake, since, until)
     data.count_rows(lake, "quarantine", data.time_filter("ingest_time", since, until))
     data.devices_reporting(lake, since, until)
+    overview_s = time.perf_counter() - started
+    # An analyst opening the newest alert: its window's features (the changelog while the window
+    # is open) and the device's telemetry around it.
+    detail_s = None
+    windowed = alerts.filter(pl.col("window_end").is_not_null())
+    if windowed.height:
+        newest = windowed.sort("detected_at").row(-1, named=True)
+        started = time.perf_counter()
+        data.read_features(lake, newest["device_id"], window_start=newest["window_start"])
+        data.read_telemetry(lake, newest["device_id"], since=newest["window_start"],
+                            until=newest["window_end"])  # fmt: skip
+        detail_s = round(time.perf_counter() - started, 2)
     return {
         "files_snapshot_disk": files,
-        "overview_read_s": round(time.perf_counter() - started, 2),
+        "overview_read_s": round(overview_s, 2),
+        "alert_detail_read_s": detail_s,
     }
 
 

@@ -275,7 +275,8 @@ def load_state(
         reach = watermark_s + 3 * spec.window_s + spec.span_s
         parts.append(closed.where(F.col(col.WINDOW_START) >= since(reach)).toPandas())
     if changes is not None:
-        recent = F.col(col.WINDOW_START) >= since(watermark_s + 2 * spec.window_s)
+        recent_from = _recent_from(top, watermark_s=watermark_s, window_s=spec.window_s)
+        recent = F.col(col.WINDOW_START) >= timestamp_literal(recent_from)
         if written_to is None:  # no closed window written: every one may be closed again
             recent = F.lit(True)
         elif written_to < done:
@@ -293,6 +294,27 @@ def load_state(
              (~end).sum(), again.sum(), end.sum())  # fmt: skip
     history = history_rows(rows[end], min_events).reset_index(drop=True)
     return WindowState(_keyed(rows[~end]), history, top)
+
+
+def _recent_from(top: pd.Timestamp, *, watermark_s: float, window_s: float) -> pd.Timestamp:
+    """The earliest window start ``load_state`` reads from ``feature_changes`` when ``features``
+    is up to date: the windows that may still be open, and those that the last batches closed."""
+    return top - pd.Timedelta(seconds=watermark_s + 2 * window_s)
+
+
+def changes_read_from(
+    top: pd.Timestamp, written_to: pd.Timestamp | None, *, watermark_s: float, window_s: float
+) -> pd.Timestamp | None:
+    """``load_state`` reads no ``feature_changes`` row of a window that ended before this time
+    (None: it reads them all). ``top`` is the changelog's newest event, ``written_to`` the newest
+    window end in ``features`` (None: no window closed yet).
+
+    It reads the recent windows (``_recent_from``), and the windows ending after ``written_to``
+    (closed by batches whose ``features`` append had not run). Both only move forward, so a row
+    not read now is never read later: ``pipeline.maintenance`` trims the changelog by this."""
+    if written_to is None:
+        return None
+    return min(_recent_from(top, watermark_s=watermark_s, window_s=window_s), written_to)
 
 
 def window_states(spark: SparkSession, lake_root: str) -> DataFrame:

@@ -5,9 +5,10 @@ A streaming table gets one or more small files per micro-batch; readers (the das
 a restart's state load) open every file, so their cost grows with the count, not the rows.
 ``maintain`` runs, per table:
 
-1. ``feature_changes``: deletes the batches no restart reads any more (their windows closed
-   long ago; the final rows are in ``features``). It is not compacted: its rows are
-   superseded within a batch or two and deleted within the next rounds.
+1. ``feature_changes``: deletes the batches no restart reads any more (their windows closed,
+   their final rows are in ``features``, and they ended before the recent ones a restart
+   reads). It is not compacted: its rows are superseded within a batch or two and deleted
+   within the next rounds.
 2. The others: OPTIMIZE (bin-packing compaction of the small files; files already large are
    left alone, so a table is not rewritten again and again as it grows).
 3. VACUUM with the retention of the settings (each table's own, set by
@@ -32,12 +33,15 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
+import pandas as pd
 from delta.tables import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from infra import lake
 from pipeline import columns as col
+from pipeline.alerts import timestamp_literal
+from pipeline.detection import changes_read_from
 from pipeline.metrics import Laps
 from pipeline.settings import PipelineSettings, seconds
 from pipeline.sinks import retry_on_conflict
@@ -94,18 +98,37 @@ def active_files(table: DeltaTable) -> int:
     return int(row[0]) if row is not None and row[0] is not None else 0
 
 
-def changes_kept_s(settings: PipelineSettings) -> float:
-    """How far back, from the newest event, ``feature_changes`` must reach: a restart reads the
-    windows that may still be open, and those closed by the last batches whose ``features``
-    append had not run yet (``pipeline.detection.load_state``); an hour more is slack."""
-    return seconds(settings.watermark) + 2 * seconds(settings.window) + 3600
+# Kept beyond what a restart reads (``changes_trim_before``), so that no restart rests on the
+# bound to the second.
+CHANGES_SLACK_S = 300.0
 
 
-def prune_changes(
-    spark: SparkSession, table: DeltaTable, keep_s: float, hold: Hold = nullcontext
-) -> int:
-    """Delete the changelog rows of the batches whose windows all ended more than ``keep_s``
-    before the newest event; returns how many rows went.
+def changes_trim_before(
+    spark: SparkSession, changes: DeltaTable, settings: PipelineSettings
+) -> pd.Timestamp | None:
+    """The changelog's batches whose windows all ended before this time are read by no restart
+    (``pipeline.detection.changes_read_from``), nor by the dashboard and SQL, which take a closed
+    window's row from ``features``. None: every batch may still be read (no window in
+    ``features`` yet)."""
+    top = _newest(changes.toDF(), "last_event_time")
+    features = lake.table_path(settings.lake_root, lake.FEATURES)
+    if top is None or not DeltaTable.isDeltaTable(spark, features):
+        return None
+    written_to = _newest(spark.read.format("delta").load(features), col.WINDOW_END)
+    read_from = changes_read_from(top, written_to, watermark_s=seconds(settings.watermark),
+                                  window_s=seconds(settings.window))  # fmt: skip
+    return None if read_from is None else read_from - pd.Timedelta(seconds=CHANGES_SLACK_S)
+
+
+def _newest(frame: DataFrame, column: str) -> pd.Timestamp | None:
+    # Through pandas, as load_state reads them: naive UTC (the session's time zone).
+    newest = frame.agg(F.max(column).alias("t")).toPandas()["t"].iloc[0]
+    return None if pd.isna(newest) else pd.Timestamp(newest)
+
+
+def prune_changes(table: DeltaTable, before: pd.Timestamp, hold: Hold = nullcontext) -> int:
+    """Delete the changelog rows of the batches whose windows all ended before ``before``;
+    returns how many rows went.
 
     The DELETE runs inside ``hold()``, which in the running pipeline holds detection's next
     batch back: Delta checks a DELETE as serializable, so an append committed while it runs
@@ -121,23 +144,25 @@ def prune_changes(
     the next round. Grouped by batch id, so a batch id used twice (a checkpoint started afresh)
     goes only when all its rows may.
     """
-    newest = table.toDF().agg(F.max("last_event_time")).first()
-    if newest is None or newest[0] is None:
-        return 0
-    cutoff = F.lit(newest[0]) - F.expr(f"INTERVAL {int(keep_s)} SECONDS")
     done = (
         table.toDF()
         .groupBy(col.BATCH_ID)
         .agg(F.max(col.WINDOW_END).alias("end"), F.count(F.lit(1)).alias("rows"))
-        .where(F.col("end") < cutoff)
+        .where(F.col("end") < timestamp_literal(before))
         .collect()
     )
+    rows = sum(int(row["rows"]) for row in done)
     if done:
         ids = [row[col.BATCH_ID] for row in done]
         with hold():
+            held = time.monotonic()
             retry_on_conflict(lambda: table.delete(F.col(col.BATCH_ID).isin(ids)),
                               "the trim of feature_changes")  # fmt: skip
-    return sum(int(row["rows"]) for row in done)
+            held = time.monotonic() - held
+        # What the trim cost detection: its next batch waited up to this long.
+        log.info("feature_changes: %d batches (%d rows) deleted in %.1f s, detection held "
+                 "meanwhile", len(ids), rows, held)  # fmt: skip
+    return rows
 
 
 RETENTION = "delta.deletedFileRetentionDuration"
@@ -200,7 +225,9 @@ def maintain_table(
         # the same window and deleted within the next rounds. Compaction rewrote them all
         # (about 3.5 GB an hour at 25,000 devices), while its readers (a restart, the
         # dashboard) read the recent windows, mostly in files written since the last round.
-        deleted = prune_changes(spark, table, changes_kept_s(settings), hold)
+        cut = changes_trim_before(spark, table, settings)
+        if cut is not None:
+            deleted = prune_changes(table, cut, hold)
         laps("trim")
     else:
         table.optimize().executeCompaction()

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -131,28 +131,124 @@ def sliding(spark: Any, batch: int, devices: int = 3, minute: int | None = None)
     return spark.createDataFrame(rows, SCHEMA)
 
 
+def changelog_trim(spark: Any, lake: str, settings: PipelineSettings) -> Any:
+    (report,) = [r for r in maintain(spark, settings) if r.table == tables.FEATURE_CHANGES]
+    return report
+
+
+def batches_in(spark: Any, path: str) -> list[int]:
+    kept = spark.read.format("delta").load(path).select("batch_id").distinct().collect()
+    return sorted(r.batch_id for r in kept)
+
+
 def test_the_feature_changelog_keeps_what_a_restart_reads(spark: Any, lake: str) -> None:
     path = tables.table_path(lake, tables.FEATURE_CHANGES)
+    features = tables.table_path(lake, tables.FEATURES)
     # Five hours of batches, ten minutes apart, each its own append (as detection writes them).
+    # The newest event is 12:54.
     for batch in range(30):
         sliding(spark, batch).coalesce(1).write.format("delta").mode("append").save(path)
-    settings = PipelineSettings(lake_root=lake, window="10 minutes", watermark="5 minutes")
-    (report,) = [r for r in maintain(spark, settings) if r.table == tables.FEATURE_CHANGES]
-    # The newest event is 12:54; kept: the batches with a window ending after
-    # newest - (watermark + 2 windows + 1 hour) = 11:29. Batch 20's windows end at 11:25 and
-    # 11:30: it stays whole, though one of its windows ended before the cut.
+    settings = PipelineSettings(lake_root=lake, window="10 minutes", watermark="2 minutes")
+
+    # No window in features yet: a restart reads every batch.
+    report = changelog_trim(spark, lake, settings)
+    assert (report.rows_deleted, report.files_after) == (0, 30)
+    assert batches_in(spark, path) == list(range(30))
+
+    # Features written up to 11:00 (the appends after the later batches had not run): a restart
+    # closes the windows ending after 11:00 again, from here. Kept: the batches with a window
+    # ending at 11:00 - 5 minutes' slack or later.
+    windows(spark, 170, 0).write.format("delta").mode("append").save(features)
+    report = changelog_trim(spark, lake, settings)
+    assert batches_in(spark, path) == list(range(17, 30))
+    assert report.rows_deleted == 17 * 6
+
+    # Features up to date (12:50): kept, the batches with a window ending at newest -
+    # (watermark + 2 windows) - slack = 12:27 or later. Batch 26's windows end at 12:25 and
+    # 12:30: it stays whole, though one of its windows ended before the cut.
+    windows(spark, 280, 1).write.format("delta").mode("append").save(features)
+    report = changelog_trim(spark, lake, settings)
     kept = spark.read.format("delta").load(path)
-    batches = sorted(r.batch_id for r in kept.select("batch_id").distinct().collect())
-    assert batches == list(range(20, 30))
-    assert kept.count() == 10 * 6
+    assert batches_in(spark, path) == list(range(26, 30))
+    assert kept.count() == 4 * 6
     assert min(r.window_end for r in kept.select("window_end").collect()) == datetime(
-        2026, 11, 25, 11, 25
+        2026, 11, 25, 12, 25
     )
-    assert report.rows_deleted == 20 * 6
+    assert report.rows_deleted == 9 * 6
     # Whole batches went: files removed, none rewritten; and none compacted.
     deleted = DeltaTable.forPath(spark, path).history().where("operation = 'DELETE'").collect()
-    assert [int(h.operationMetrics["numCopiedRows"]) for h in deleted] == [0]
-    assert report.files_after == len(kept.inputFiles()) == report.files_before - 20
+    assert [int(h.operationMetrics["numCopiedRows"]) for h in deleted] == [0, 0]
+    assert report.files_after == len(kept.inputFiles()) == report.files_before - 9
+
+
+def test_a_restart_loads_the_same_state_from_the_trimmed_changelog(
+    spark: Any, lake: str, tmp_path: Path
+) -> None:
+    """The trim deletes what ``load_state`` would not read: the state a restart loads is the
+    same before and after it, with ``features`` up to date and with ``features`` behind (a
+    crash before the append of the last closed windows)."""
+    import json
+
+    import pandas as pd
+
+    from pipeline import job
+    from pipeline.detection import WindowState, load_state
+    from pipeline.settings import seconds
+    from tests.pipeline_helpers import device_series, write_registry
+
+    settings = PipelineSettings(
+        lake_root=lake, checkpoint_root=str(tmp_path / "cp"), landing_dir=str(tmp_path / "in"),
+        source="files", max_files_per_trigger=1, window="10 minutes", slide="5 minutes",
+        watermark="10 minutes", dedup_horizon="15 minutes", firmware_topic="", fast_path=False,
+        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
+    )  # fmt: skip
+    devices = ["dev-1", "dev-2"]
+    write_registry(lake, devices)
+    landing = Path(settings.landing_dir)
+    landing.mkdir()
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
+    series = {d: device_series(d, start, 240) for d in devices}  # two hours, every 30 s
+    for part in range(12):  # a detection batch per 10 minutes of readings
+        events = [e for d in devices for e in series[d][20 * part : 20 * (part + 1)]]
+        (landing / f"part-{part:02}.jsonl").write_text("\n".join(map(json.dumps, events)) + "\n")
+    job.run_available_now(spark, settings)
+
+    def state() -> WindowState:
+        return load_state(spark, lake, spec=settings.profile_spec(), min_events=1,
+                          watermark_s=seconds(settings.watermark))  # fmt: skip
+
+    def assert_same(found: WindowState, expected: WindowState) -> None:
+        keys = ["device_id", "window_start"]
+        pd.testing.assert_frame_equal(found.open.sort_index(), expected.open.sort_index())
+        pd.testing.assert_frame_equal(
+            found.history.sort_values(keys).reset_index(drop=True),
+            expected.history.sort_values(keys).reset_index(drop=True),
+        )
+        assert found.max_event_time == expected.max_event_time
+
+    changes = tables.table_path(lake, tables.FEATURE_CHANGES)
+    features = DeltaTable.forPath(spark, tables.table_path(lake, tables.FEATURES))
+    all_batches = batches_in(spark, changes)
+    assert len(all_batches) >= 8  # a batch per file, mostly
+    caught_up = state()
+    assert len(caught_up.open) and len(caught_up.history)
+
+    # Features behind by an hour: the windows closed since are read from the changelog.
+    version = features.history(1).first().version
+    top = caught_up.max_event_time
+    features.delete(f"window_end > '{top - pd.Timedelta(minutes=70):%Y-%m-%d %H:%M:%S}'")
+    behind = state()
+    report = changelog_trim(spark, lake, settings)
+    assert report.rows_deleted > 0
+    behind_kept = batches_in(spark, changes)
+    assert_same(state(), behind)
+
+    # Features up to date again: more batches go, the state is the one loaded at first.
+    features.restoreToVersion(version)
+    report = changelog_trim(spark, lake, settings)
+    assert report.rows_deleted > 0
+    assert len(batches_in(spark, changes)) < len(behind_kept)
+    assert_same(state(), caught_up)
 
 
 def test_the_changelog_trim_beside_detection_appending_holds_its_batches_back(
@@ -173,6 +269,8 @@ def test_the_changelog_trim_beside_detection_appending_holds_its_batches_back(
     rows.orderBy("batch_id").coalesce(1).write.format("delta").option("maxRecordsPerFile", 6).save(
         path
     )
+    features = tables.table_path(lake, tables.FEATURES)
+    windows(spark, 190, 0).write.format("delta").save(features)  # closed windows up to 11:20
     held, done, appended, errors = threading.Lock(), threading.Event(), [], []
     numbers = iter(range(200, 10**6))
 
@@ -206,10 +304,10 @@ def test_the_changelog_trim_beside_detection_appending_holds_its_batches_back(
     (report,) = [r for r in reports if r.table == tables.FEATURE_CHANGES]
     assert report.error is None
     assert "conflicted with a concurrent commit" not in caplog.text
-    # Newest event 11:23; the cut 09:58: batches 0-107 (windows ending by 09:57) went.
-    assert report.rows_deleted == 108 * 6
-    kept = spark.read.format("delta").load(path).select("batch_id").distinct().collect()
-    assert sorted(r.batch_id for r in kept) == list(range(108, 200)) + sorted(appended)
+    # Newest event 11:23; the cut 10:53 (less the watermark, two windows and the slack):
+    # batches 0-162 (windows ending by 10:52) went.
+    assert report.rows_deleted == 163 * 6
+    assert batches_in(spark, path) == list(range(163, 200)) + sorted(appended)
 
 
 def test_iotfraud_maintain_reports_each_table(lake: str, spark: Any, tmp_path: Path) -> None:

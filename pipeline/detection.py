@@ -304,17 +304,18 @@ def _recent_from(top: pd.Timestamp, *, watermark_s: float, window_s: float) -> p
 
 def changes_read_from(
     top: pd.Timestamp, written_to: pd.Timestamp | None, *, watermark_s: float, window_s: float
-) -> pd.Timestamp | None:
-    """``load_state`` reads no ``feature_changes`` row of a window that ended before this time
-    (None: it reads them all). ``top`` is the changelog's newest event, ``written_to`` the newest
-    window end in ``features`` (None: no window closed yet).
+) -> tuple[pd.Timestamp, pd.Timestamp] | None:
+    """What ``load_state`` reads of ``feature_changes``: the rows of the windows that start at the
+    first time or later, and of those that end after the second (None: every row). ``top`` is
+    the changelog's newest event, ``written_to`` the newest window end in ``features`` (None: no
+    window closed yet).
 
-    It reads the recent windows (``_recent_from``), and the windows ending after ``written_to``
-    (closed by batches whose ``features`` append had not run). Both only move forward, so a row
-    not read now is never read later: ``pipeline.maintenance`` trims the changelog by this."""
+    The recent windows (``_recent_from``), and those closed by batches whose ``features`` append
+    had not run. Both times only move forward, so a row not read now is never read later:
+    ``pipeline.maintenance`` trims the changelog by them."""
     if written_to is None:
         return None
-    return min(_recent_from(top, watermark_s=watermark_s, window_s=window_s), written_to)
+    return _recent_from(top, watermark_s=watermark_s, window_s=window_s), written_to
 
 
 def window_states(spark: SparkSession, lake_root: str) -> DataFrame:

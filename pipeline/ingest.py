@@ -47,6 +47,12 @@ from pipeline.transforms import event_key, quarantined, valid_events
 log = logging.getLogger(__name__)
 
 _ROW = "_row"  # a row's place in the materialised batch: unique within it, unlike coordinates
+# A micro-batch's new events go to telemetry in one file per this many rows. Written as read,
+# they were a file per Kafka partition per micro-batch (6 by default): small files that every
+# reader of the table opens until maintenance compacts them (the dashboard, the firmware check's
+# stream, a restart's dedup state). A live micro-batch holds some thousands; a catch-up's larger
+# ones keep several files, written side by side.
+ROWS_PER_FILE = 100_000
 
 
 def coord_key(topic: Column, partition: Column, offset: Column) -> Column:
@@ -148,7 +154,9 @@ class IngestBatchWriter:
             self.start(spark, batch_id)
         laps = Laps()
         marked = self.mark_new_events(batch, laps)
-        new_events = valid_events(marked.rows.where(F.col("is_new")))
+        new_events = valid_events(marked.rows.where(F.col("is_new"))).coalesce(
+            max(1, -(-marked.new // ROWS_PER_FILE))
+        )
         duplicates = marked.rows.where(F.col("reason").isNull() & ~F.col("is_new")).withColumns(
             {
                 "reason": F.lit(c.REASON_DUPLICATE),

@@ -105,19 +105,22 @@ CHANGES_SLACK_S = 300.0
 
 def changes_trim_before(
     spark: SparkSession, changes: DeltaTable, settings: PipelineSettings
-) -> pd.Timestamp | None:
-    """The changelog's batches whose windows all ended before this time are read by no restart
-    (``pipeline.detection.changes_read_from``), nor by the dashboard and SQL, which take a closed
-    window's row from ``features``. None: every batch may still be read (no window in
-    ``features`` yet)."""
+) -> tuple[pd.Timestamp, pd.Timestamp] | None:
+    """The changelog's rows of windows that start before the first time and end by the second
+    are read by no restart (``pipeline.detection.changes_read_from``), nor by the dashboard and
+    SQL, which take a closed window's row from ``features``. None: every row may still be read
+    (no window in ``features`` yet)."""
     top = _newest(changes.toDF(), "last_event_time")
     features = lake.table_path(settings.lake_root, lake.FEATURES)
     if top is None or not DeltaTable.isDeltaTable(spark, features):
         return None
     written_to = _newest(spark.read.format("delta").load(features), col.WINDOW_END)
-    read_from = changes_read_from(top, written_to, watermark_s=seconds(settings.watermark),
-                                  window_s=seconds(settings.window))  # fmt: skip
-    return None if read_from is None else read_from - pd.Timedelta(seconds=CHANGES_SLACK_S)
+    read = changes_read_from(top, written_to, watermark_s=seconds(settings.watermark),
+                             window_s=seconds(settings.window))  # fmt: skip
+    if read is None:
+        return None
+    slack = pd.Timedelta(seconds=CHANGES_SLACK_S)
+    return read[0] - slack, read[1] - slack
 
 
 def _newest(frame: DataFrame, column: str) -> pd.Timestamp | None:
@@ -126,9 +129,11 @@ def _newest(frame: DataFrame, column: str) -> pd.Timestamp | None:
     return None if pd.isna(newest) else pd.Timestamp(newest)
 
 
-def prune_changes(table: DeltaTable, before: pd.Timestamp, hold: Hold = nullcontext) -> int:
-    """Delete the changelog rows of the batches whose windows all ended before ``before``;
-    returns how many rows went.
+def prune_changes(
+    table: DeltaTable, before: tuple[pd.Timestamp, pd.Timestamp], hold: Hold = nullcontext
+) -> int:
+    """Delete the changelog rows of the batches whose windows all started before
+    ``before[0]`` and ended by ``before[1]``; returns how many rows went.
 
     The DELETE runs inside ``hold()``, which in the running pipeline holds detection's next
     batch back: Delta checks a DELETE as serializable, so an append committed while it runs
@@ -144,11 +149,18 @@ def prune_changes(table: DeltaTable, before: pd.Timestamp, hold: Hold = nullcont
     the next round. Grouped by batch id, so a batch id used twice (a checkpoint started afresh)
     goes only when all its rows may.
     """
+    starts, ends = before
     done = (
         table.toDF()
         .groupBy(col.BATCH_ID)
-        .agg(F.max(col.WINDOW_END).alias("end"), F.count(F.lit(1)).alias("rows"))
-        .where(F.col("end") < timestamp_literal(before))
+        .agg(
+            F.max(col.WINDOW_START).alias("start"),
+            F.max(col.WINDOW_END).alias("end"),
+            F.count(F.lit(1)).alias("rows"),
+        )
+        .where(
+            (F.col("start") < timestamp_literal(starts)) & (F.col("end") <= timestamp_literal(ends))
+        )
         .collect()
     )
     rows = sum(int(row["rows"]) for row in done)

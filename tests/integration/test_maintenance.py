@@ -157,28 +157,29 @@ def test_the_feature_changelog_keeps_what_a_restart_reads(spark: Any, lake: str)
 
     # Features written up to 11:00 (the appends after the later batches had not run): a restart
     # closes the windows ending after 11:00 again, from here. Kept: the batches with a window
-    # ending at 11:00 - 5 minutes' slack or later.
+    # ending after 11:00 less 5 minutes' slack.
     windows(spark, 170, 0).write.format("delta").mode("append").save(features)
     report = changelog_trim(spark, lake, settings)
     assert batches_in(spark, path) == list(range(17, 30))
     assert report.rows_deleted == 17 * 6
 
-    # Features up to date (12:50): kept, the batches with a window ending at newest -
-    # (watermark + 2 windows) - slack = 12:27 or later. Batch 26's windows end at 12:25 and
-    # 12:30: it stays whole, though one of its windows ended before the cut.
+    # Features up to date (12:50): kept, the batches with a window starting at newest -
+    # (watermark + 2 windows) - slack = 12:27 or later, the recent windows a restart reads.
+    # Batch 27's windows start at 12:25 and 12:30: it stays whole, though one of them started
+    # before the cut.
     windows(spark, 280, 1).write.format("delta").mode("append").save(features)
     report = changelog_trim(spark, lake, settings)
     kept = spark.read.format("delta").load(path)
-    assert batches_in(spark, path) == list(range(26, 30))
-    assert kept.count() == 4 * 6
-    assert min(r.window_end for r in kept.select("window_end").collect()) == datetime(
+    assert batches_in(spark, path) == list(range(27, 30))
+    assert kept.count() == 3 * 6
+    assert min(r.window_start for r in kept.select("window_start").collect()) == datetime(
         2026, 11, 25, 12, 25
     )
-    assert report.rows_deleted == 9 * 6
+    assert report.rows_deleted == 10 * 6
     # Whole batches went: files removed, none rewritten; and none compacted.
     deleted = DeltaTable.forPath(spark, path).history().where("operation = 'DELETE'").collect()
     assert [int(h.operationMetrics["numCopiedRows"]) for h in deleted] == [0, 0]
-    assert report.files_after == len(kept.inputFiles()) == report.files_before - 9
+    assert report.files_after == len(kept.inputFiles()) == report.files_before - 10
 
 
 def test_a_restart_loads_the_same_state_from_the_trimmed_changelog(
@@ -304,10 +305,10 @@ def test_the_changelog_trim_beside_detection_appending_holds_its_batches_back(
     (report,) = [r for r in reports if r.table == tables.FEATURE_CHANGES]
     assert report.error is None
     assert "conflicted with a concurrent commit" not in caplog.text
-    # Newest event 11:23; the cut 10:53 (less the watermark, two windows and the slack):
-    # batches 0-162 (windows ending by 10:52) went.
-    assert report.rows_deleted == 163 * 6
-    assert batches_in(spark, path) == list(range(163, 200)) + sorted(appended)
+    # Newest event 11:23; the batches whose windows all started before 10:53 (less the
+    # watermark, two windows and the slack) went: 0-172.
+    assert report.rows_deleted == 173 * 6
+    assert batches_in(spark, path) == list(range(173, 200)) + sorted(appended)
 
 
 def test_iotfraud_maintain_reports_each_table(lake: str, spark: Any, tmp_path: Path) -> None:

@@ -118,6 +118,11 @@ def test_live_pipeline_quarantines_dedups_joins_and_windows(
         assert len({r.kafka_partition for r in rejected}) == 2
         files = files_per_write(spark, lake, "quarantine")
         assert files and files == [1] * len(files)
+        # And the events of several partitions too: a file per Kafka partition made many small
+        # files for every reader until maintenance compacted them.
+        assert telemetry.select("kafka_partition").distinct().count() > 1
+        files = files_per_write(spark, lake, "telemetry")
+        assert files and files == [1] * len(files)
 
         features = window_states(spark, lake)
         by_device = {

@@ -6,7 +6,7 @@ a restart's state load) open every file, so their cost grows with the count, not
 ``maintain`` runs, per table:
 
 1. ``feature_changes``: deletes the batches no restart reads any more (their windows closed,
-   their final rows are in ``features``, and they ended before the recent ones a restart
+   their final rows are in ``features``, and they started before the recent ones a restart
    reads). It is not compacted: its rows are superseded within a batch or two and deleted
    within the next rounds.
 2. The others: OPTIMIZE (bin-packing compaction of the small files; files already large are
@@ -167,13 +167,12 @@ def prune_changes(
     if done:
         ids = [row[col.BATCH_ID] for row in done]
         with hold():
-            held = time.monotonic()
+            started = time.monotonic()
             retry_on_conflict(lambda: table.delete(F.col(col.BATCH_ID).isin(ids)),
                               "the trim of feature_changes")  # fmt: skip
-            held = time.monotonic() - held
-        # What the trim cost detection: its next batch waited up to this long.
-        log.info("feature_changes: %d batches (%d rows) deleted in %.1f s, detection held "
-                 "meanwhile", len(ids), rows, held)  # fmt: skip
+            took = time.monotonic() - started
+        # In the running pipeline, what the trim cost detection: its next batch waited this long.
+        log.info("feature_changes: %d batches (%d rows) deleted in %.1f s", len(ids), rows, took)
     return rows
 
 

@@ -257,15 +257,13 @@ def load_state(
     newest_of = changes if changes is not None else closed
     if newest_of is None:
         return WindowState.empty()
-    newest = newest_of.agg(F.max("last_event_time").alias("t")).toPandas()["t"].iloc[0]
-    if pd.isna(newest):
+    top = newest_time(newest_of, "last_event_time")
+    if top is None:
         return WindowState.empty()
-    top = pd.Timestamp(newest)
     done = top - pd.Timedelta(seconds=watermark_s)
     written_to: pd.Timestamp | None = None  # the newest end in features
     if changes is not None and closed is not None:
-        end = closed.agg(F.max(col.WINDOW_END).alias("t")).toPandas()["t"].iloc[0]
-        written_to = None if pd.isna(end) else pd.Timestamp(end)
+        written_to = newest_time(closed, col.WINDOW_END)
 
     def since(seconds: float) -> Column:
         return timestamp_literal(top - pd.Timedelta(seconds=seconds))
@@ -294,6 +292,13 @@ def load_state(
              (~end).sum(), again.sum(), end.sum())  # fmt: skip
     history = history_rows(rows[end], min_events).reset_index(drop=True)
     return WindowState(_keyed(rows[~end]), history, top)
+
+
+def newest_time(frame: DataFrame, column: str) -> pd.Timestamp | None:
+    """The latest value of the time ``column`` in ``frame`` (None when it has none), through
+    pandas: naive, in the session's time zone (UTC), as the state's times are."""
+    newest = frame.agg(F.max(column).alias("t")).toPandas()["t"].iloc[0]
+    return None if pd.isna(newest) else pd.Timestamp(newest)
 
 
 def _recent_from(top: pd.Timestamp, *, watermark_s: float, window_s: float) -> pd.Timestamp:

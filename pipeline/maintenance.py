@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from infra import lake
 from pipeline import columns as col
 from pipeline.alerts import timestamp_literal
-from pipeline.detection import changes_read_from
+from pipeline.detection import changes_read_from, newest_time
 from pipeline.metrics import Laps
 from pipeline.settings import PipelineSettings, seconds
 from pipeline.sinks import retry_on_conflict
@@ -110,23 +110,17 @@ def changes_trim_before(
     are read by no restart (``pipeline.detection.changes_read_from``), nor by the dashboard and
     SQL, which take a closed window's row from ``features``. None: every row may still be read
     (no window in ``features`` yet)."""
-    top = _newest(changes.toDF(), "last_event_time")
+    top = newest_time(changes.toDF(), "last_event_time")
     features = lake.table_path(settings.lake_root, lake.FEATURES)
     if top is None or not DeltaTable.isDeltaTable(spark, features):
         return None
-    written_to = _newest(spark.read.format("delta").load(features), col.WINDOW_END)
+    written_to = newest_time(spark.read.format("delta").load(features), col.WINDOW_END)
     read = changes_read_from(top, written_to, watermark_s=seconds(settings.watermark),
                              window_s=seconds(settings.window))  # fmt: skip
     if read is None:
         return None
     slack = pd.Timedelta(seconds=CHANGES_SLACK_S)
     return read[0] - slack, read[1] - slack
-
-
-def _newest(frame: DataFrame, column: str) -> pd.Timestamp | None:
-    # Through pandas, as load_state reads them: naive UTC (the session's time zone).
-    newest = frame.agg(F.max(column).alias("t")).toPandas()["t"].iloc[0]
-    return None if pd.isna(newest) else pd.Timestamp(newest)
 
 
 def prune_changes(

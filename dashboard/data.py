@@ -1,9 +1,10 @@
 """Read functions over the Delta lake and the one writer (analyst feedback).
 
-Every reader opens the latest version of its table with ``deltalake`` and scans it through a
-pyarrow dataset, so column selection and filters are pushed down to the Parquet files (file
-statistics skip whole files). A table that does not exist yet gives an empty frame with the
-contract's columns, so pages can show an empty state instead of an error. No Spark, no JVM.
+Every reader opens the latest version of its table with ``deltalake`` and scans it with polars
+(``scan_delta``), so column selection and filters are pushed down to the Parquet files: the
+log's file statistics skip whole files, row-group statistics skip parts of the rest. A table
+that does not exist yet gives an empty frame with the contract's columns, so pages can show an
+empty state instead of an error. No Spark, no JVM.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 from deltalake import write_deltalake
 
 from infra import contract as c
@@ -48,7 +47,7 @@ CONTRACTS: dict[str, c.Columns] = {
     lake.EVALUATION: c.EVALUATION_COLUMNS,
     lake.FAST_ALERTS: c.FAST_ALERTS_COLUMNS,
 }
-UTC_US = pa.timestamp("us", tz="UTC")
+UTC_POLARS = pl.Datetime("us", "UTC")
 SEVERITY_RANK = {name: rank for rank, name in enumerate(c.SEVERITIES)}
 # The pipeline quarantines event times before 2000 (``bad_timestamp``), so no earlier watermark
 # comes from an event: it is Spark's "no watermark yet" (the epoch), or that value shifted by a
@@ -90,7 +89,7 @@ def read_table(
     table: str,
     *,
     columns: Sequence[str] | None = None,
-    where: ds.Expression | None = None,
+    where: pl.Expr | None = None,
 ) -> pl.DataFrame:
     """Read ``columns`` of the rows matching ``where``; both are pushed down to the files.
 
@@ -98,20 +97,26 @@ def read_table(
         lake_root: Root of the lake (folder or URI).
         table: A table name from ``infra.lake``.
         columns: Columns to load; None loads all. Columns the table lacks are left out.
-        where: A ``pyarrow.dataset`` filter expression on columns the table has.
+        where: A polars expression on columns the table has (``time_filter``, ``in_filter``).
 
     Returns:
         The rows as a polars frame; an empty frame with the contract's columns when the table
         does not exist or has no rows yet.
     """
-    contract = CONTRACTS.get(table, ())
+    scan = _scan(lake_root, table)
+    if scan is None:
+        return empty_frame(CONTRACTS.get(table, ()), columns)
+    present = scan.collect_schema().names()
+    wanted = present if columns is None else [n for n in columns if n in present]
+    if where is not None:
+        scan = scan.filter(where)
+    return scan.select(wanted).collect()
+
+
+def _scan(lake_root: str, table: str) -> pl.LazyFrame | None:
+    """The latest version of ``table`` as a lazy polars scan; None when it does not exist."""
     dt = open_table(lake_root, table)
-    if dt is None:
-        return empty_frame(contract, columns)
-    dataset = dt.to_pyarrow_dataset()
-    present = dataset.schema.names
-    wanted = list(present) if columns is None else [n for n in columns if n in present]
-    return _from_arrow(dataset.to_table(columns=wanted, filter=where))
+    return None if dt is None else pl.scan_delta(dt)
 
 
 def table_exists(lake_root: str, table: str) -> bool:
@@ -124,31 +129,38 @@ def _from_arrow(table: pa.Table) -> pl.DataFrame:
     return frame
 
 
-def _and(*parts: ds.Expression | None) -> ds.Expression | None:
-    result: ds.Expression | None = None
+def _and(*parts: pl.Expr | None) -> pl.Expr | None:
+    result: pl.Expr | None = None
     for part in parts:
         if part is not None:
             result = part if result is None else result & part
     return result
 
 
+def _utc(moment: datetime) -> datetime:
+    """``moment`` as an aware UTC time; a naive one is taken to be UTC already."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc)
+
+
 def time_filter(
     column: str, since: datetime | None = None, until: datetime | None = None
-) -> ds.Expression | None:
+) -> pl.Expr | None:
     """``since <= column < until``, either bound optional."""
-    lower = ds.field(column) >= pa.scalar(since, UTC_US) if since else None
-    upper = ds.field(column) < pa.scalar(until, UTC_US) if until else None
+    lower = pl.col(column) >= pl.lit(_utc(since), UTC_POLARS) if since else None
+    upper = pl.col(column) < pl.lit(_utc(until), UTC_POLARS) if until else None
     return _and(lower, upper)
 
 
-def in_filter(column: str, values: Sequence[str | None] | None) -> ds.Expression | None:
+def in_filter(column: str, values: Sequence[str | None] | None) -> pl.Expr | None:
     """``column IN values`` on a string column; a None value matches nulls; None: no filter."""
     if values is None:
         return None
     present = [v for v in values if v is not None]
     # Typed so that an empty list means "nothing" rather than an untyped (null) set.
-    expr = ds.field(column).isin(pa.array(present, pa.string()))
-    return expr | ds.field(column).is_null() if None in values else expr
+    expr = pl.col(column).is_in(pl.Series(present, dtype=pl.String))
+    return expr | pl.col(column).is_null() if None in values else expr
 
 
 def utcnow() -> datetime:
@@ -427,7 +439,7 @@ def last_positions(
     where = _and(
         in_filter("device_id", device_ids),
         time_filter("event_time", since, until),
-        ds.field("lat").is_valid() & ds.field("lon").is_valid(),
+        pl.col("lat").is_not_null() & pl.col("lon").is_not_null(),
     )
     frame = read_table(
         lake_root, lake.TELEMETRY, columns=["device_id", "lat", "lon", "event_time"], where=where
@@ -437,13 +449,8 @@ def last_positions(
 
 def devices_reporting(lake_root: str, since: datetime | None, until: datetime | None = None) -> int:
     """Distinct devices with at least one event in ``[since, until)``."""
-    dt = open_table(lake_root, lake.TELEMETRY)
-    if dt is None:
-        return 0
-    table = dt.to_pyarrow_dataset().to_table(
-        columns=["device_id"], filter=time_filter("event_time", since, until)
-    )
-    return int(pc.count_distinct(table.column("device_id")).as_py())
+    return _count(lake_root, lake.TELEMETRY, time_filter("event_time", since, until),
+                  pl.col("device_id").n_unique())  # fmt: skip
 
 
 def count_quarantined(
@@ -453,12 +460,18 @@ def count_quarantined(
     return count_rows(lake_root, lake.QUARANTINE, time_filter("ingest_time", since, until))
 
 
-def count_rows(lake_root: str, table: str, where: ds.Expression | None = None) -> int:
+def count_rows(lake_root: str, table: str, where: pl.Expr | None = None) -> int:
     """Rows of ``table`` matching ``where`` (0 when the table does not exist)."""
-    dt = open_table(lake_root, table)
-    if dt is None:
+    return _count(lake_root, table, where, pl.len())
+
+
+def _count(lake_root: str, table: str, where: pl.Expr | None, count: pl.Expr) -> int:
+    scan = _scan(lake_root, table)
+    if scan is None:
         return 0
-    return int(dt.to_pyarrow_dataset().count_rows(filter=where))
+    if where is not None:
+        scan = scan.filter(where)
+    return int(scan.select(count).collect().item())
 
 
 def read_features(
@@ -472,7 +485,9 @@ def read_features(
     """One device's windows, the one starting at ``window_start`` or a time range: each
     window's final row from ``features`` once closed, else its latest row from
     ``feature_changes`` (a window still open, such as the one of a fresh rule alert)."""
-    exact = ds.field("window_start") == pa.scalar(window_start, UTC_US) if window_start else None
+    exact = (
+        pl.col("window_start") == pl.lit(_utc(window_start), UTC_POLARS) if window_start else None
+    )
     where = _and(
         in_filter("device_id", [device_id]), exact, time_filter("window_start", since, until)
     )
@@ -602,7 +617,6 @@ SILENCE_COLUMNS = (
 STILL_SILENT = "still silent"
 # A silence that began longer ago than this is labelled with its date too, not only its time.
 TIME_ONLY_WITHIN = timedelta(hours=12)
-UTC_POLARS = pl.Datetime("us", "UTC")
 # A device's ``status`` in the registry once it is taken out of service.
 RETIRED = "retired"
 

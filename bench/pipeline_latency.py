@@ -29,15 +29,14 @@ Then it lets the pipeline drain (at most ``--drain`` seconds) and prints a JSON 
   and max of the samples), state rows of each stateful query whose rows are counted, and the
   ingest latency p95 of the rows written in that step;
 - whether the pipeline kept up: rows in the lake at the end of sending vs messages sent;
-- with ``--health-every S``, every S seconds: per table the data files a reader opens (the
-  current snapshot) and the Parquet files on disk, the time the dashboard's overview page
-  takes to read the lake (``bench/dashboard_reads.py``: its default range, the last 24 hours,
-  per read and in all; and its last 15 minutes, which a long run fills early), and the time an
-  analyst's look at the newest alert takes (its window's features, the device's telemetry in
-  the window); set
-  ``IOT_PIPELINE_MAINTENANCE_INTERVAL`` and ``IOT_PIPELINE_VACUUM_RETENTION`` in the
-  environment to see maintenance at work in a short run (``0 seconds`` switches it off, to
-  compare).
+- with ``--health-every S``, every S seconds: the resident memory by process (which one grows),
+  per table the data files a reader opens (the current snapshot) and the Parquet files on disk,
+  the time the dashboard's overview page takes to read the lake (``bench/dashboard_reads.py``:
+  its default range, the last 24 hours, per read and in all; and its last 15 minutes, which a
+  long run fills early), and the time an analyst's look at the newest alert takes (its window's
+  features, the device's telemetry in the window); set ``IOT_PIPELINE_MAINTENANCE_INTERVAL``
+  and ``IOT_PIPELINE_VACUUM_RETENTION`` in the environment to see maintenance at work in a
+  short run (``0 seconds`` switches it off, to compare).
 
 A device reports every 10-30 s by default (about 20 s on average; ``IOT_SIM_INTERVAL_MIN_S`` and
 ``IOT_SIM_INTERVAL_MAX_S`` in the environment change it), so ``--devices`` of about 20 x
@@ -95,6 +94,8 @@ class ProcessTree:
     _seen: set[int] = field(default_factory=set)
     _cpu: dict[int, tuple[str, float]] = field(default_factory=dict)
     _base: dict[int, float] = field(default_factory=dict)
+    # The resident memory of the last sample by role (MB), to tell which process grows.
+    rss_mb_by_role: dict[str, float] = field(default_factory=dict)
 
     def _tree(self) -> list[int]:
         children: dict[int, list[int]] = {}
@@ -121,12 +122,15 @@ class ProcessTree:
         """Record every process's CPU time; the resident memory now, in MB."""
         tree = self._tree()
         total_kb = 0
+        by_role = dict.fromkeys(("driver", "jvm", "python_workers"), 0)
         for current in tree:
+            role = None
             try:
                 stat = Path(f"/proc/{current}/stat").read_text()
                 fields = stat.rsplit(")", 1)[1].split()
                 used = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-                self._cpu[current] = (self._role(current, stat), used)
+                role = self._role(current, stat)
+                self._cpu[current] = (role, used)
             except (OSError, IndexError, ValueError):
                 pass
             if current != self.pid and current not in self._seen:
@@ -136,8 +140,12 @@ class ProcessTree:
             except OSError:
                 continue
             match = re.search(r"VmRSS:\s+(\d+) kB", status)
-            total_kb += int(match.group(1)) if match else 0
+            rss_kb = int(match.group(1)) if match else 0
+            total_kb += rss_kb
+            if role is not None:
+                by_role[role] += rss_kb
         self._seen = set(tree)
+        self.rss_mb_by_role = {role: round(kb / 1024) for role, kb in by_role.items()}
         return total_kb / 1024
 
     def mark(self) -> None:
@@ -387,6 +395,7 @@ def run(
             memory.append((time.time(), tree.sample()))
             if args.health_every and time.monotonic() >= next_health:
                 health.append({"minute": round((time.monotonic() - started) / 60, 1),
+                               "rss_mb_by_process": tree.rss_mb_by_role,
                                **table_health(lake)})  # fmt: skip
                 print(json.dumps(health[-1]), file=sys.stderr, flush=True)
                 next_health += args.health_every

@@ -450,7 +450,7 @@ def last_positions(
 def devices_reporting(lake_root: str, since: datetime | None, until: datetime | None = None) -> int:
     """Distinct devices with at least one event in ``[since, until)``."""
     return _count(lake_root, lake.TELEMETRY, time_filter("event_time", since, until),
-                  pl.col("device_id").n_unique())  # fmt: skip
+                  pl.col("device_id").drop_nulls().n_unique())  # fmt: skip
 
 
 def count_quarantined(

@@ -304,6 +304,31 @@ def test_devices_reporting_and_positions(fixture_lake: FixtureLake) -> None:
     assert positions.select("device_id", "lat", "lon").rows() == [(ROGUE, 50.11, 8.68)]
 
 
+def test_devices_reporting_counts_distinct_devices_in_the_range_not_missing_ids(
+    tmp_path: Path,
+) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    start = datetime(2026, 12, 7, 12, 0, tzinfo=timezone.utc)
+    rows = [
+        ("meter-001", start - timedelta(seconds=1)),  # before the range
+        ("meter-002", start),
+        ("meter-002", start + timedelta(minutes=1)),
+        ("meter-003", start + timedelta(minutes=9)),
+        (None, start + timedelta(minutes=2)),  # no device: not a device reporting
+        ("meter-004", start + timedelta(minutes=10)),  # the range's end is excluded
+    ]
+    schema = c.arrow_schema(c.TELEMETRY_COLUMNS)
+    table = pa.Table.from_pylist(
+        [{"device_id": device, "event_time": at} for device, at in rows], schema=schema
+    )
+    root = str(tmp_path)
+    write_deltalake(lake.table_path(root, lake.TELEMETRY), table)
+    assert data.devices_reporting(root, start, start + timedelta(minutes=10)) == 2
+    assert data.devices_reporting(root, None) == 4
+
+
 def test_map_points_place_registered_sites_and_unregistered_positions(
     fixture_lake: FixtureLake,
 ) -> None:

@@ -90,7 +90,6 @@ def read_table(
     *,
     columns: Sequence[str] | None = None,
     where: pl.Expr | None = None,
-    events_since: datetime | None = None,
 ) -> pl.DataFrame:
     """Read ``columns`` of the rows matching ``where``; both are pushed down to the files.
 
@@ -99,14 +98,12 @@ def read_table(
         table: A table name from ``infra.lake``.
         columns: Columns to load; None loads all. Columns the table lacks are left out.
         where: A polars expression on columns the table has (``time_filter``, ``in_filter``).
-        events_since: The lower bound ``where`` puts on ``event_time`` of ``telemetry``, which
-            lets files be skipped by when their rows were sent (``_scan``).
 
     Returns:
         The rows as a polars frame; an empty frame with the contract's columns when the table
         does not exist or has no rows yet.
     """
-    scan = _scan(lake_root, table, events_since)
+    scan = _scan(lake_root, table)
     if scan is None:
         return empty_frame(CONTRACTS.get(table, ()), columns)
     present = scan.collect_schema().names()
@@ -116,26 +113,10 @@ def read_table(
     return scan.select(wanted).collect()
 
 
-def _scan(lake_root: str, table: str, events_since: datetime | None = None) -> pl.LazyFrame | None:
-    """The latest version of ``table`` as a lazy polars scan; None when it does not exist.
-
-    With ``events_since``, only the rows sent late enough to hold an ``event_time`` at or after
-    it: no event_time is more than the table's ``CLOCK_AHEAD_PROPERTY`` after its row's
-    kafka_timestamp. The statistics of event_time skip no file once a device reports readings
-    hours old (each file then spans those hours), those of kafka_timestamp skip the files
-    written before the range: its read time then depends on the range, not on the table's age.
-    Rows without a kafka_timestamp are always read; a table without the property, all rows.
-    """
+def _scan(lake_root: str, table: str) -> pl.LazyFrame | None:
+    """The latest version of ``table`` as a lazy polars scan; None when it does not exist."""
     dt = open_table(lake_root, table)
-    if dt is None:
-        return None
-    scan = pl.scan_delta(dt)
-    ahead = dt.metadata().configuration.get(c.CLOCK_AHEAD_PROPERTY)
-    if events_since is None or ahead is None:
-        return scan
-    sent = pl.col("kafka_timestamp")
-    earliest = _utc(events_since) - timedelta(seconds=float(ahead))
-    return scan.filter(sent.is_null() | (sent >= pl.lit(earliest, UTC_POLARS)))
+    return None if dt is None else pl.scan_delta(dt)
 
 
 def table_exists(lake_root: str, table: str) -> bool:
@@ -421,7 +402,7 @@ def read_telemetry(
 ) -> pl.DataFrame:
     """One device's events with ``event_time`` in ``[since, until)``, in time order."""
     where = _and(in_filter("device_id", [device_id]), time_filter("event_time", since, until))
-    frame = read_table(lake_root, lake.TELEMETRY, columns=columns, where=where, events_since=since)
+    frame = read_table(lake_root, lake.TELEMETRY, columns=columns, where=where)
     return frame.sort("event_time") if "event_time" in frame.columns else frame
 
 
@@ -460,18 +441,16 @@ def last_positions(
         time_filter("event_time", since, until),
         pl.col("lat").is_not_null() & pl.col("lon").is_not_null(),
     )
-    frame = read_table(lake_root, lake.TELEMETRY, columns=["device_id", "lat", "lon", "event_time"],
-                       where=where, events_since=since)  # fmt: skip
+    frame = read_table(
+        lake_root, lake.TELEMETRY, columns=["device_id", "lat", "lon", "event_time"], where=where
+    )
     return frame.sort("event_time").group_by("device_id", maintain_order=True).last()
 
 
 def devices_reporting(lake_root: str, since: datetime | None, until: datetime | None = None) -> int:
     """Distinct devices with at least one event in ``[since, until)``."""
-    scan = _scan(lake_root, lake.TELEMETRY, events_since=since)
-    if scan is None:
-        return 0
-    where = time_filter("event_time", since, until)
-    return _count(scan, where, pl.col("device_id").drop_nulls().n_unique())
+    return _count(lake_root, lake.TELEMETRY, time_filter("event_time", since, until),
+                  pl.col("device_id").drop_nulls().n_unique())  # fmt: skip
 
 
 def count_quarantined(
@@ -483,11 +462,13 @@ def count_quarantined(
 
 def count_rows(lake_root: str, table: str, where: pl.Expr | None = None) -> int:
     """Rows of ``table`` matching ``where`` (0 when the table does not exist)."""
+    return _count(lake_root, table, where, pl.len())
+
+
+def _count(lake_root: str, table: str, where: pl.Expr | None, count: pl.Expr) -> int:
     scan = _scan(lake_root, table)
-    return 0 if scan is None else _count(scan, where, pl.len())
-
-
-def _count(scan: pl.LazyFrame, where: pl.Expr | None, count: pl.Expr) -> int:
+    if scan is None:
+        return 0
     if where is not None:
         scan = scan.filter(where)
     return int(scan.select(count).collect().item())

@@ -80,11 +80,6 @@ REASON_BAD_TIMESTAMP = "bad_timestamp"
 # An event_time too far ahead of the time its message was sent: a device clock running ahead.
 REASON_CLOCK_AHEAD = "clock_ahead"
 REASON_OUT_OF_RANGE = "out_of_range"
-# The ``telemetry`` table property holding how far, in seconds, an event_time of its rows may be
-# after their kafka_timestamp (the pipeline quarantines the rest as ``clock_ahead``). Readers of
-# a time range use it to skip files by kafka_timestamp, which grows with the writes, where
-# event_time does not (a device reporting readings hours old puts them in every file).
-CLOCK_AHEAD_PROPERTY = "iotfraud.maxClockAheadSeconds"
 REASON_OVERSIZE = "oversize"
 REASON_KEY_MISMATCH = "key_mismatch"
 # A valid copy of an event already in ``telemetry`` (same event_id): kept in quarantine, counted.

@@ -26,7 +26,6 @@ once.
 from __future__ import annotations
 
 import logging
-import math
 import operator
 from dataclasses import dataclass, field
 from functools import reduce
@@ -312,28 +311,6 @@ class IngestBatchWriter:
         )
         held |= ~is_new & quarantined[: len(offsets)]
         return held, invalid.column(_ROW).to_numpy()[quarantined[len(offsets) :]]
-
-
-def record_clock_bound(spark: SparkSession, lake_root: str, max_clock_ahead: str) -> None:
-    """Record in ``telemetry`` how far an event_time of its rows may be after their
-    kafka_timestamp (``contract.CLOCK_AHEAD_PROPERTY``): ``max_clock_ahead``, or the bound it
-    held before when that was larger, since rows written then keep it. A table of rows written
-    before any was recorded gets the largest its rows show (one aggregate, once). Run at start,
-    before the queries: a table property is a metadata change, which a concurrent append fails
-    on."""
-    path = lake.table_path(lake_root, lake.TELEMETRY)
-    shown = spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()
-    recorded = {row.key: row.value for row in shown}.get(c.CLOCK_AHEAD_PROPERTY)
-    if recorded is not None:
-        before = int(recorded)
-    else:
-        ahead = F.unix_micros("event_time") - F.unix_micros("kafka_timestamp")
-        row = spark.read.format("delta").load(path).agg(F.max(ahead)).first()
-        before = 0 if row is None or row[0] is None else max(0, math.ceil(row[0] / 1e6))
-    bound = max(seconds(max_clock_ahead), before)
-    if recorded is None or bound != before:
-        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
-                  f"('{c.CLOCK_AHEAD_PROPERTY}' = '{bound}')")  # fmt: skip
 
 
 def load_seen_events(spark: SparkSession, lake_root: str, horizon_us: int) -> SeenEvents:

@@ -55,7 +55,7 @@ from pipeline.firmware import (
     firmware_changes,
     unauthorized_changes,
 )
-from pipeline.ingest import IngestBatchWriter, record_clock_bound
+from pipeline.ingest import IngestBatchWriter
 from pipeline.maintenance import Hold, apply_table_properties
 from pipeline.metrics import MetricsListener, rocksdb_counts_rows
 from pipeline.publish import (
@@ -539,7 +539,6 @@ def prepare(
     # created: they take the properties from the session's defaults.
     apply_table_properties(spark, settings)
     ensure_tables(spark, settings.lake_root)
-    record_clock_bound(spark, settings.lake_root, settings.max_clock_ahead)
     publisher = None
     if settings.source == "kafka" and settings.alerts_topic:
         publisher = alert_publisher(settings, settings.alerts_topic, like=settings.topic)

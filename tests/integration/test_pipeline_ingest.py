@@ -17,10 +17,8 @@ from infra import lake
 from infra.spark import ALERTS_POOL, INGEST_POOL
 from pipeline import job
 from pipeline.detection import window_states
-from pipeline.ingest import record_clock_bound
 from pipeline.metrics import BACKLOG
 from pipeline.settings import PipelineSettings
-from pipeline.sinks import ensure_tables
 from tests.pipeline_helpers import (
     device_series,
     encoded,
@@ -211,41 +209,6 @@ def test_files_source_feeds_the_same_pipeline(spark: Any, lake: str, tmp_path: P
     # Running again over the same files changes nothing.
     job.run_available_now(spark, settings)
     assert table(spark, lake, "telemetry").count() == 12
-    # What the dashboard's time ranges skip files by (test_clock_bound_...).
-    assert clock_bound(spark, lake) == "60"
-
-
-def clock_bound(spark: Any, lake_root: str) -> str | None:
-    """``telemetry``'s recorded ``contract.CLOCK_AHEAD_PROPERTY``."""
-    path = lake.table_path(lake_root, lake.TELEMETRY)
-    shown = spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()
-    return {row.key: row.value for row in shown}.get(c.CLOCK_AHEAD_PROPERTY)
-
-
-def test_the_clock_bound_telemetry_records_never_falls_below_what_its_rows_hold(
-    spark: Any, tmp_path: Path
-) -> None:
-    fresh = str(tmp_path / "fresh")
-    ensure_tables(spark, fresh)
-    record_clock_bound(spark, fresh, "2 minutes")
-    assert clock_bound(spark, fresh) == "120"
-    # Rows written under two minutes keep them: a smaller setting leaves the bound.
-    record_clock_bound(spark, fresh, "1 minute")
-    assert clock_bound(spark, fresh) == "120"
-    record_clock_bound(spark, fresh, "5 minutes")
-    assert clock_bound(spark, fresh) == "300"
-
-    # A table written before any bound was recorded: the largest its rows hold, 400.5 s.
-    older = str(tmp_path / "older")
-    ensure_tables(spark, older)
-    sent = datetime(2026, 12, 7, 12, 0, tzinfo=timezone.utc)
-    ahead = [timedelta(seconds=30), timedelta(seconds=400.5), -timedelta(hours=6)]
-    rows = [(f"e{i}", sent + by, sent) for i, by in enumerate(ahead)] + [("e9", sent, None)]
-    frame = spark.createDataFrame(rows, "event_id string, event_time timestamp, "
-                                        "kafka_timestamp timestamp")  # fmt: skip
-    frame.write.format("delta").mode("append").save(lake.table_path(older, lake.TELEMETRY))
-    record_clock_bound(spark, older, "1 minute")
-    assert clock_bound(spark, older) == "401"
 
 
 def test_a_catch_up_fails_when_a_write_after_its_last_batch_fails_and_the_next_one_does_it(

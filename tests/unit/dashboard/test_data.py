@@ -329,54 +329,6 @@ def test_devices_reporting_counts_distinct_devices_in_the_range_not_missing_ids(
     assert data.devices_reporting(root, None) == 4
 
 
-def test_telemetry_ranges_skip_files_sent_before_the_range_less_the_recorded_clock_bound(
-    tmp_path: Path,
-) -> None:
-    import pyarrow as pa
-    from deltalake import DeltaTable, write_deltalake
-
-    now = datetime(2026, 12, 7, 12, 0, tzinfo=timezone.utc)
-    since = now - timedelta(minutes=10)
-    schema = c.arrow_schema(c.TELEMETRY_COLUMNS)
-
-    def write(root: str, bound: str | None) -> None:
-        """Four appends (four files) of (device, event time) readings whose messages were sent
-        at the time given; the table's clock bound is ``bound`` (None: not recorded)."""
-        sent = [
-            # Two hours ago: none of its readings can be in the range. The second breaks the
-            # bound (two hours ahead; the pipeline quarantines such a reading): read, it would
-            # show that the file was.
-            (now - timedelta(hours=2), [("old", now - timedelta(hours=2)), ("impossible", now)]),
-            # 30 s before the range, 60 s ahead: in the range, within the bound.
-            (since - timedelta(seconds=30), [("edge", since + timedelta(seconds=30))]),
-            # Now: one reading in the range, one six hours old.
-            (now, [("recent", now - timedelta(minutes=1)), ("stale", now - timedelta(hours=6))]),
-            (None, [("unsent", now - timedelta(minutes=2))]),  # no Kafka timestamp: read
-        ]
-        path = lake.table_path(root, lake.TELEMETRY)
-        for at, readings in sent:
-            rows = [{"device_id": d, "event_time": t, "kafka_timestamp": at} for d, t in readings]
-            write_deltalake(path, pa.Table.from_pylist(rows, schema=schema), mode="append")
-        if bound is not None:
-            # As the pipeline's ALTER TABLE does (deltalake creates no table with a property
-            # that is not Delta's own).
-            DeltaTable(path).alter.set_table_properties(
-                {c.CLOCK_AHEAD_PROPERTY: bound}, raise_if_not_exists=False
-            )
-
-    bound = str(tmp_path / "bound")
-    write(bound, "60")
-    assert data.devices_reporting(bound, since) == 3  # edge, recent, unsent
-    assert data.read_telemetry(bound, "edge", since=since).height == 1
-    assert data.read_telemetry(bound, "impossible", since=since).is_empty()
-    assert data.devices_reporting(bound, None) == 6  # no range: every file
-    # A table without the property (an older pipeline's): every file is read.
-    unbound = str(tmp_path / "unbound")
-    write(unbound, None)
-    assert data.devices_reporting(unbound, since) == 4
-    assert data.read_telemetry(unbound, "impossible", since=since).height == 1
-
-
 def test_map_points_place_registered_sites_and_unregistered_positions(
     fixture_lake: FixtureLake,
 ) -> None:

@@ -38,9 +38,6 @@ from infra import lake as tables
 
 # The page's default range (``IOT_DASH_LOOKBACK_HOURS``).
 PAGE_HOURS = DashboardSettings.model_fields["lookback_hours"].default
-OVERVIEW_COLUMNS = (
-    "alert_id", "device_id", "alert_type", "severity", "window_start", "score", "detected_at",
-)  # fmt: skip
 
 
 def overview_reads(lake: str, now: datetime, hours: float = PAGE_HOURS) -> dict[str, float]:
@@ -48,7 +45,7 @@ def overview_reads(lake: str, now: datetime, hours: float = PAGE_HOURS) -> dict[
     order."""
     since = data.lookback(hours, now)
     reads: dict[str, Callable[[], object]] = {
-        "alerts": lambda: data.read_alerts(lake, since=since, columns=OVERVIEW_COLUMNS),
+        "alerts": lambda: data.read_alerts(lake, since=since, columns=data.OVERVIEW_ALERT_COLUMNS),
         "feedback": lambda: data.read_feedback(lake),
         "fast_path": lambda: data.read_fast_path(lake, since=since),
         "pipeline_metrics": lambda: data.read_pipeline_metrics(lake, since),

@@ -168,6 +168,12 @@ def utcnow() -> datetime:
 
 
 # --- Alerts and feedback -------------------------------------------------------------------------
+# The alert columns the overview page reads (``dashboard/views/overview.py``).
+OVERVIEW_ALERT_COLUMNS = (
+    "alert_id", "device_id", "alert_type", "severity", "window_start", "score", "detected_at",
+)  # fmt: skip
+
+
 def read_alerts(
     lake_root: str,
     *,

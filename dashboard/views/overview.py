@@ -13,17 +13,13 @@ from infra import lake
 
 log = logging.getLogger(__name__)
 
-ALERT_COLUMNS = (
-    "alert_id", "device_id", "alert_type", "severity", "window_start", "score", "detected_at",
-)  # fmt: skip
-
 settings = ui.get_settings()
 st.title("Overview")
 
 
 def overview() -> None:
     span = ui.time_window()
-    alerts = reads.alerts(settings, span, columns=ALERT_COLUMNS)
+    alerts = reads.alerts(settings, span, columns=data.OVERVIEW_ALERT_COLUMNS)
     open_ = data.open_alerts(alerts, reads.feedback(settings))
     per_event = data.with_first_path(
         alerts.filter(pl.col("alert_type").is_in(data.FAST_PATH_TYPES)),
